@@ -1,0 +1,118 @@
+package ratelimit
+
+import "time"
+
+// Enforcement says what a budget does with its decisions.
+type Enforcement string
+
+const (
+	// Enforce rejects requests over budget.
+	Enforce Enforcement = "Enforce"
+	// DryRun decides, counts and logs like Enforce, but always allows.
+	DryRun Enforcement = "DryRun"
+	// Exempt admits everything the budget matches without tracking it, like
+	// API Priority and Fairness's exempt priority level (for system:masters,
+	// controllers that must never wait).
+	Exempt Enforcement = "Exempt"
+)
+
+// StaleAction says what happens to a watch that asks for a resourceVersion
+// the API server already answered "too old" for.
+type StaleAction string
+
+const (
+	// StaleReject answers the watch locally (410 Expired) without asking the
+	// API server.
+	StaleReject StaleAction = "Reject"
+	// StalePass forwards it anyway.
+	StalePass StaleAction = "Pass"
+)
+
+// SubjectKind is the kind of identity a Subject matches.
+type SubjectKind string
+
+const (
+	// User matches the authenticated (or impersonated) user name.
+	User SubjectKind = "User"
+	// Group matches any of the identity's groups.
+	Group SubjectKind = "Group"
+	// ServiceAccount matches system:serviceaccount:<namespace>:<name>.
+	ServiceAccount SubjectKind = "ServiceAccount"
+)
+
+// Subject selects identities. Name (and Namespace for service accounts) is
+// exact, or a prefix when it ends in '*'; "*" alone matches everything.
+type Subject struct {
+	Kind      SubjectKind
+	Name      string
+	Namespace string // ServiceAccount only
+}
+
+// ResourceRule selects requests by API group, resource and namespace. An
+// empty list, or one holding "*", matches everything. The core group is "".
+// Namespaces: "" in the list matches cluster-scoped and all-namespace
+// requests.
+type ResourceRule struct {
+	APIGroups  []string
+	Resources  []string
+	Namespaces []string
+}
+
+// Limits are per identity: every identity a budget governs gets its own
+// buckets and its own cap.
+type Limits struct {
+	// WatchOpensPerMinute refills the watch bucket; 0 means unlimited opens.
+	WatchOpensPerMinute int32
+	// WatchBurst is the watch bucket's size; at least 1 when opens are
+	// limited.
+	WatchBurst int32
+	// MaxConcurrentWatches caps watches open at once; 0 means no cap.
+	MaxConcurrentWatches int32
+	// InitialStateCost is the number of tokens a watch that asks for initial
+	// state (no resourceVersion, "0", or sendInitialEvents=true) takes, since
+	// it costs the server a LIST; 0 is taken as 1.
+	InitialStateCost int32
+	// ListsPerMinute refills the list bucket; 0 means lists are not budgeted.
+	ListsPerMinute int32
+	// ListBurst is the list bucket's size.
+	ListBurst int32
+}
+
+// Backoff configures the per-watch-key exponential backoff. A zero Initial
+// disables it.
+type Backoff struct {
+	// Initial is the delay after the first failure.
+	Initial time.Duration
+	// Max caps the delay.
+	Max time.Duration
+	// ShortWatch: a watch that ends sooner than this, or with an error, is a
+	// failure.
+	ShortWatch time.Duration
+	// ResetAfter: a watch that lived at least this long clears the key's
+	// backoff.
+	ResetAfter time.Duration
+}
+
+// StaleVersions configures the stale-resourceVersion memory.
+type StaleVersions struct {
+	Action StaleAction
+	// Memory is how long a stale version is remembered.
+	Memory time.Duration
+}
+
+// Budget is one compiled WatchBudget.
+type Budget struct {
+	// Name identifies the budget (the WatchBudget's name); unique in a Policy.
+	Name string
+	// Precedence orders budgets: the lowest number that matches governs the
+	// request; ties are broken by Name.
+	Precedence int32
+	// Subjects the budget governs; empty means every authenticated identity.
+	Subjects []Subject
+	// Resources the budget governs; empty means all.
+	Resources     []ResourceRule
+	Enforcement   Enforcement
+	Limits        Limits
+	Backoff       Backoff
+	StaleVersions StaleVersions
+}

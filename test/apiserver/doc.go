@@ -1,0 +1,15 @@
+// Package apiserver starts the test bed every integration and end-to-end test
+// of watchgate runs against: a real kube-apiserver and etcd, built from pinned
+// sources by hack/testbin.sh and started through controller-runtime's envtest.
+//
+// One control plane per test package, started in TestMain:
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(apiserver.Main(m, apiserver.Options{StaleVersions: true}, &env))
+//	}
+//
+// Options select the stale-version scenario (no watch cache, etcd compacted
+// every 5 s) and the CRDs to load. Env hands out admin and per-user clients,
+// service accounts with real bearer tokens (TokenRequest), and reads the API
+// server's own /metrics, so that tests can assert what reached it.
+package apiserver
