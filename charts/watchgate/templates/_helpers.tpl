@@ -1,0 +1,126 @@
+{{/*
+watchgate.name is the chart name, or nameOverride.
+*/}}
+{{- define "watchgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+watchgate.fullname prefixes every resource the chart creates:
+fullnameOverride, else the release name when it already contains the chart
+name, else "<release>-<chart>". Truncated to 63 characters (DNS label).
+*/}}
+{{- define "watchgate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+watchgate.chart is "<chart>-<version>" for the helm.sh/chart label.
+*/}}
+{{- define "watchgate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+watchgate.selectorLabels select the chart's pods. They never change across
+upgrades (a Deployment's selector is immutable).
+*/}}
+{{- define "watchgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "watchgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+watchgate.labels are the standard labels every resource of the chart
+carries; the one place they are defined.
+*/}}
+{{- define "watchgate.labels" -}}
+helm.sh/chart: {{ include "watchgate.chart" . }}
+{{ include "watchgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: proxy
+app.kubernetes.io/part-of: watchgate
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+watchgate.serviceAccountName is the ServiceAccount the pods run as.
+*/}}
+{{- define "watchgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "watchgate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+watchgate.image is "<repository>@<digest>" or "<repository>:<tag>", the tag
+defaulting to the chart's appVersion.
+*/}}
+{{- define "watchgate.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+watchgate.tlsSecretName is the Secret that holds the proxy's serving
+certificate: tls.existingSecret, or the one the chart (or cert-manager)
+writes.
+*/}}
+{{- define "watchgate.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "watchgate.fullname" .)) .Values.tls.existingSecret }}
+{{- end }}
+
+{{/*
+watchgate.tlsSource says where the serving certificate comes from: Secret
+(tls.existingSecret), CertManager (certManager.enabled) or Generated (by the
+chart). Setting both tls.existingSecret and certManager.enabled is an error.
+*/}}
+{{- define "watchgate.tlsSource" -}}
+{{- if and .Values.tls.existingSecret .Values.certManager.enabled }}
+{{- fail "set either tls.existingSecret or certManager.enabled, not both" }}
+{{- else if .Values.tls.existingSecret }}Secret
+{{- else if .Values.certManager.enabled }}CertManager
+{{- else }}Generated
+{{- end }}
+{{- end }}
+
+{{/*
+watchgate.proxyServiceName is the proxy Service's name; clients use
+https://<name>.<namespace>.svc:<service.port>.
+*/}}
+{{- define "watchgate.proxyServiceName" -}}
+{{- include "watchgate.fullname" . }}
+{{- end }}
+
+{{/*
+watchgate.dnsNames are the serving certificate's DNS names: the proxy
+Service's in-cluster names plus tls.extraDNSNames, as a YAML list.
+*/}}
+{{- define "watchgate.dnsNames" -}}
+{{- $svc := include "watchgate.proxyServiceName" . }}
+{{- $ns := .Release.Namespace }}
+- {{ $svc }}
+- {{ printf "%s.%s" $svc $ns }}
+- {{ printf "%s.%s.svc" $svc $ns }}
+- {{ printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain }}
+{{- range .Values.tls.extraDNSNames }}
+- {{ . }}
+{{- end }}
+{{- end }}
