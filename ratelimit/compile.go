@@ -1,0 +1,188 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Policy is an immutable, compiled set of budgets: what an Engine enforces.
+// Build one with NewPolicy and hand it to Engine.SetPolicy; a Policy may be
+// shared by several engines and read by any number of goroutines.
+type Policy struct {
+	// budgets are deep copies with defaults filled in, in match order:
+	// precedence ascending, then name.
+	budgets []Budget
+	// longestStaleMemory bounds how long the engine keeps a stale version.
+	longestStaleMemory time.Duration
+}
+
+// NewPolicy validates and compiles budgets. It returns an error naming every
+// invalid budget (see Budget.Validate) and every duplicated name; an error
+// means no Policy at all, so a caller that must not let one bad budget
+// disturb the others (the controller) validates each first and leaves the
+// bad ones out.
+//
+// The budgets are copied: changing them afterwards does not change the
+// Policy. Empty Enforcement becomes Enforce and empty StaleVersions.Action
+// becomes StaleReject.
+func NewPolicy(budgets []Budget) (*Policy, error) {
+	var errs []error
+	seen := make(map[string]bool, len(budgets))
+	p := &Policy{budgets: make([]Budget, 0, len(budgets))}
+	for i := range budgets {
+		b := budgets[i]
+		if err := b.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("budget %q: %w", b.Name, err))
+			continue
+		}
+		if seen[b.Name] {
+			errs = append(errs, fmt.Errorf("budget %q: name: duplicate", b.Name))
+			continue
+		}
+		seen[b.Name] = true
+		p.budgets = append(p.budgets, compileBudget(b))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	slices.SortFunc(p.budgets, func(a, b Budget) int {
+		if a.Precedence != b.Precedence {
+			return int(a.Precedence) - int(b.Precedence)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	for i := range p.budgets {
+		p.longestStaleMemory = max(p.longestStaleMemory, p.budgets[i].StaleVersions.Memory)
+	}
+	return p, nil
+}
+
+// compileBudget deep-copies b and fills in defaults.
+func compileBudget(b Budget) Budget {
+	b.Subjects = slices.Clone(b.Subjects)
+	b.Resources = slices.Clone(b.Resources)
+	for i := range b.Resources {
+		r := &b.Resources[i]
+		r.APIGroups = slices.Clone(r.APIGroups)
+		r.Resources = slices.Clone(r.Resources)
+		r.Namespaces = slices.Clone(r.Namespaces)
+	}
+	if b.Enforcement == "" {
+		b.Enforcement = Enforce
+	}
+	if b.StaleVersions.Action == "" {
+		b.StaleVersions.Action = StaleReject
+	}
+	if b.Limits.InitialStateCost == 0 {
+		b.Limits.InitialStateCost = 1
+	}
+	return b
+}
+
+// Budgets returns a copy of the compiled budgets, in match order.
+func (p *Policy) Budgets() []Budget {
+	if p == nil {
+		return nil
+	}
+	out := make([]Budget, len(p.budgets))
+	for i := range p.budgets {
+		out[i] = compileBudget(p.budgets[i])
+	}
+	return out
+}
+
+// Match returns the budget that governs a request by this identity for
+// group/resource in namespace ("" for cluster-scoped or all-namespace
+// requests): the first in match order whose subjects and resources both
+// match. Nil means no budget governs the request, so it has no limits. The
+// returned Budget belongs to the Policy and must not be modified.
+func (p *Policy) Match(user string, groups []string, group, resource, namespace string) *Budget {
+	if i := p.match(user, groups, group, resource, namespace); i >= 0 {
+		return &p.budgets[i]
+	}
+	return nil
+}
+
+// match is Match returning the budget's index, or -1.
+func (p *Policy) match(user string, groups []string, group, resource, namespace string) int {
+	if p == nil {
+		return -1
+	}
+	for i := range p.budgets {
+		b := &p.budgets[i]
+		if matchSubjects(b.Subjects, user, groups) && matchResources(b.Resources, group, resource, namespace) {
+			return i
+		}
+	}
+	return -1
+}
+
+const serviceAccountPrefix = "system:serviceaccount:"
+
+func matchSubjects(subjects []Subject, user string, groups []string) bool {
+	if len(subjects) == 0 {
+		return true
+	}
+	for i := range subjects {
+		s := &subjects[i]
+		switch s.Kind {
+		case User:
+			if matchName(s.Name, user) {
+				return true
+			}
+		case Group:
+			for _, g := range groups {
+				if matchName(s.Name, g) {
+					return true
+				}
+			}
+		case ServiceAccount:
+			if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
+				ns, name, ok := strings.Cut(rest, ":")
+				if ok && matchName(s.Namespace, ns) && matchName(s.Name, name) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func matchResources(rules []ResourceRule, group, resource, namespace string) bool {
+	if len(rules) == 0 {
+		return true
+	}
+	for i := range rules {
+		r := &rules[i]
+		if matchAny(r.APIGroups, group) && matchAny(r.Resources, resource) && matchAny(r.Namespaces, namespace) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchAny reports whether v matches one of patterns; no patterns match
+// everything.
+func matchAny(patterns []string, v string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if matchName(p, v) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchName matches an exact name, or a prefix when pattern ends in '*'
+// ("*" alone matches everything, "" only the empty string).
+func matchName(pattern, v string) bool {
+	if n := len(pattern); n > 0 && pattern[n-1] == '*' {
+		return strings.HasPrefix(v, pattern[:n-1])
+	}
+	return pattern == v
+}

@@ -1,0 +1,84 @@
+package ratelimit
+
+import (
+	"cmp"
+	"slices"
+)
+
+// BudgetStats are one budget's live figures, for its status.
+type BudgetStats struct {
+	// ActiveWatches is the number of admitted watches not yet released.
+	ActiveWatches int64
+	// TrackedIdentities is the number of identities with state (the shared
+	// overflow identity not included).
+	TrackedIdentities int64
+	// Decisions counts decisions by Reason since the budget appeared; those
+	// with no Reason are counted under "Allowed". DryRun decisions count
+	// under the Reason they would have had.
+	Decisions map[Reason]int64
+	// TopOffenders are up to 5 tracked identities with the most rejections
+	// (or DryRun would-be rejections), most first, ties by user. An
+	// identity evicted by Sweep is forgotten.
+	TopOffenders []Offender
+}
+
+// Offender is an identity and its rejections.
+type Offender struct {
+	User       string
+	Rejections int64
+}
+
+const topOffenders = 5
+
+// Stats returns the figures of every budget in the current policy, by
+// name. It takes each shard's lock in turn; call it every few seconds, not
+// per request.
+func (e *Engine) Stats() map[string]BudgetStats {
+	a := e.active.Load()
+	out := make(map[string]BudgetStats, len(a.states))
+	for _, bs := range a.states {
+		st := BudgetStats{Decisions: make(map[Reason]int64, numReasons)}
+		var counts [numReasons]int64
+		for i := range bs.shards {
+			sh := &bs.shards[i]
+			sh.mu.Lock()
+			st.ActiveWatches += sh.open
+			st.TrackedIdentities += int64(len(sh.ids))
+			for _, id := range sh.ids {
+				if id.rejections > 0 {
+					st.TopOffenders = addOffender(st.TopOffenders, Offender{id.user, id.rejections})
+				}
+			}
+			sh.mu.Unlock()
+			for j := range counts {
+				counts[j] += sh.decisions[j].Load()
+			}
+		}
+		sh := &bs.overflow
+		sh.mu.Lock()
+		st.ActiveWatches += sh.open
+		sh.mu.Unlock()
+		for j := range counts {
+			counts[j] += sh.decisions[j].Load()
+			st.Decisions[reasonsByIndex[j]] = counts[j]
+		}
+		out[bs.name] = st
+	}
+	return out
+}
+
+// addOffender keeps top sorted and at most topOffenders long.
+func addOffender(top []Offender, o Offender) []Offender {
+	less := func(a, b Offender) int {
+		return cmp.Or(cmp.Compare(b.Rejections, a.Rejections), cmp.Compare(a.User, b.User))
+	}
+	i, _ := slices.BinarySearchFunc(top, o, less)
+	if i >= topOffenders {
+		return top
+	}
+	top = slices.Insert(top, i, o)
+	if len(top) > topOffenders {
+		top = top[:topOffenders]
+	}
+	return top
+}

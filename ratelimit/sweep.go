@@ -1,0 +1,50 @@
+package ratelimit
+
+import "time"
+
+// Sweep evicts state that no longer changes any decision, and returns how
+// many keys it evicted. Call it periodically (the proxy does every 30s);
+// memory stays bounded by Options.MaxTrackedKeys regardless.
+//
+// An identity is evicted when it holds no open watch and no backoff, its
+// buckets are full and it was last seen at least Options.IdleAfter ago: it
+// is then indistinguishable from a new identity, so dropping it changes no
+// decision (only its rejection count, see Stats, is lost). A backoff key
+// is evicted IdleAfter after its delay expired: a key that has not failed
+// for that long starts again from Backoff.Initial, as if a watch had lived
+// past ResetAfter. Stale versions are forgotten after the longest
+// StaleVersions.Memory in the policy.
+//
+// Sweep takes each shard's lock in turn, never all at once.
+func (e *Engine) Sweep(now time.Time) (evicted int) {
+	a := e.active.Load()
+	ns := now.UnixNano()
+	idleAfter := e.opts.IdleAfter
+	for _, bs := range a.states {
+		for i := range bs.shards {
+			sh := &bs.shards[i]
+			sh.mu.Lock()
+			for user, id := range sh.ids {
+				for k, st := range id.backoff {
+					if ns-st.until >= int64(idleAfter) {
+						delete(id.backoff, k)
+						sh.keys--
+						e.keys.Add(-1)
+						evicted++
+					}
+				}
+				if len(id.backoff) == 0 {
+					id.backoff = nil
+				}
+				if id.idle(now, idleAfter) {
+					delete(sh.ids, user)
+					sh.keys--
+					e.keys.Add(-1)
+					evicted++
+				}
+			}
+			sh.mu.Unlock()
+		}
+	}
+	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory)
+}
