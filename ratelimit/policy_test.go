@@ -1,0 +1,160 @@
+package ratelimit
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		budget Budget
+		want   []string // substrings of the error, none for valid
+	}{
+		"a budget with only a name is valid": {budget: Budget{Name: "b"}},
+		"a full budget is valid": {budget: Budget{
+			Name: "b", Enforcement: DryRun,
+			Subjects:      []Subject{{Kind: User, Name: "alice"}, {Kind: Group, Name: "team-*"}, {Kind: ServiceAccount, Namespace: "*", Name: "ci"}},
+			Resources:     []ResourceRule{{APIGroups: []string{"", "apps"}, Resources: []string{"pods"}, Namespaces: []string{"", "team-*"}}},
+			Limits:        Limits{WatchOpensPerMinute: 10, WatchBurst: 5, MaxConcurrentWatches: 3, InitialStateCost: 5, ListsPerMinute: 6, ListBurst: 1},
+			Backoff:       Backoff{Initial: time.Second, Max: time.Minute, ShortWatch: time.Second, ResetAfter: time.Minute},
+			StaleVersions: StaleVersions{Action: StalePass, Memory: time.Minute},
+		}},
+		"every problem is reported with its field path": {
+			budget: Budget{
+				Enforcement: "Sometimes",
+				Subjects:    []Subject{{Kind: "Robot", Name: "r"}, {Kind: ServiceAccount, Name: "ci"}, {Kind: User, Name: "a*b"}},
+				Resources:   []ResourceRule{{Resources: []string{""}}},
+				Limits:      Limits{WatchOpensPerMinute: 10, MaxConcurrentWatches: -1, ListsPerMinute: 1},
+				Backoff:     Backoff{Initial: time.Minute, Max: time.Second},
+				StaleVersions: StaleVersions{
+					Action: "Drop",
+				},
+			},
+			want: []string{
+				"name: must not be empty",
+				"enforcement: must be one of Enforce, DryRun, Exempt",
+				"subjects[0].kind: must be one of User, Group, ServiceAccount",
+				"subjects[1].namespace: must not be empty",
+				"subjects[2].name: '*' is only allowed at the end",
+				"resources[0].resources[0]: must not be empty",
+				"limits.maxConcurrentWatches: must be >= 0",
+				"limits.watchBurst: must be >= 1 when watchOpensPerMinute > 0",
+				"limits.listBurst: must be >= 1 when listsPerMinute > 0",
+				"backoff.max: must be >= backoff.initial",
+				"staleVersions.action: must be one of Reject, Pass",
+			},
+		},
+		"a watch that could never be admitted is invalid": {
+			budget: Budget{Name: "b", Limits: Limits{WatchOpensPerMinute: 10, WatchBurst: 2, InitialStateCost: 3}},
+			want:   []string{"limits.initialStateCost: must be <= watchBurst (2)"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := tc.budget.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Validate() = nil, want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+			if got, want := strings.Count(err.Error(), "\n")+1, len(tc.want); got != want {
+				t.Errorf("%d problems reported, want %d:\n%v", got, want, err)
+			}
+		})
+	}
+}
+
+func TestNewPolicy(t *testing.T) {
+	if _, err := NewPolicy([]Budget{{Name: "a"}, {Name: "a"}}); err == nil || !strings.Contains(err.Error(), `budget "a": name: duplicate`) {
+		t.Errorf("duplicate names: err = %v", err)
+	}
+	if _, err := NewPolicy([]Budget{{Name: "a"}, {Name: "b", Limits: Limits{WatchOpensPerMinute: 1}}}); err == nil || !strings.Contains(err.Error(), `budget "b": limits.watchBurst`) {
+		t.Errorf("invalid budget: err = %v", err)
+	}
+
+	in := []Budget{
+		{Name: "z", Precedence: 1},
+		{Name: "b", Precedence: 2, Subjects: []Subject{{Kind: User, Name: "x"}}},
+		{Name: "a", Precedence: 2},
+	}
+	p, err := NewPolicy(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in[1].Subjects[0].Name = "changed"
+	got := p.Budgets()
+	var names []string
+	for _, b := range got {
+		names = append(names, b.Name)
+	}
+	if strings.Join(names, ",") != "z,a,b" {
+		t.Errorf("match order %v, want z,a,b", names)
+	}
+	if got[2].Subjects[0].Name != "x" {
+		t.Error("NewPolicy kept a reference to its input")
+	}
+	got[2].Subjects[0].Name = "changed"
+	if p.Budgets()[2].Subjects[0].Name != "x" {
+		t.Error("Budgets returned a reference to the policy")
+	}
+	if got[0].Enforcement != Enforce || got[0].StaleVersions.Action != StaleReject || got[0].Limits.InitialStateCost != 1 {
+		t.Errorf("defaults not filled in: %+v", got[0])
+	}
+}
+
+func TestMatch(t *testing.T) {
+	p, err := NewPolicy([]Budget{
+		{Name: "masters", Precedence: 1, Enforcement: Exempt, Subjects: []Subject{{Kind: Group, Name: "system:masters"}}},
+		{Name: "ci", Precedence: 10, Subjects: []Subject{{Kind: ServiceAccount, Namespace: "ci-*", Name: "*"}}},
+		{Name: "alice-apps", Precedence: 10, Subjects: []Subject{{Kind: User, Name: "alice"}},
+			Resources: []ResourceRule{{APIGroups: []string{"apps"}, Resources: []string{"deployments", "replica*"}}}},
+		{Name: "aardvark", Precedence: 10, Subjects: []Subject{{Kind: User, Name: "alice"}},
+			Resources: []ResourceRule{{APIGroups: []string{"apps"}, Resources: []string{"deployments"}}}},
+		{Name: "team-namespaces", Precedence: 20,
+			Resources: []ResourceRule{{Namespaces: []string{"team-*"}}}},
+		{Name: "cluster-wide-pods", Precedence: 30,
+			Resources: []ResourceRule{{Resources: []string{"pods"}, Namespaces: []string{""}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		user                       string
+		groups                     []string
+		group, resource, namespace string
+		want                       string
+	}{
+		"a group member matches the lowest precedence":          {"bob", []string{"x", "system:masters"}, "", "pods", "", "masters"},
+		"a service account in a matching namespace":             {"system:serviceaccount:ci-7:runner", nil, "", "pods", "default", "ci"},
+		"a service account in another namespace does not":       {"system:serviceaccount:prod:runner", nil, "", "secrets", "default", ""},
+		"a user that looks like a service account prefix":       {"system:serviceaccount:ci-7", nil, "", "secrets", "default", ""},
+		"a user on a matching resource by prefix":               {"alice", nil, "apps", "replicasets", "x", "alice-apps"},
+		"a user on another group falls through":                 {"alice", nil, "", "deployments", "team-a", "team-namespaces"},
+		"ties are broken by name":                               {"alice", nil, "apps", "deployments", "", "aardvark"},
+		"an all-namespace watch matches the empty namespace":    {"carol", nil, "", "pods", "", "cluster-wide-pods"},
+		"a namespaced watch does not match the empty namespace": {"carol", nil, "", "pods", "default", ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := ""
+			if b := p.Match(tc.user, tc.groups, tc.group, tc.resource, tc.namespace); b != nil {
+				got = b.Name
+			}
+			if got != tc.want {
+				t.Errorf("Match = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	var none *Policy
+	if none.Match("a", nil, "", "pods", "") != nil {
+		t.Error("a nil policy matched")
+	}
+}

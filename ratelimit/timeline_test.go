@@ -1,0 +1,329 @@
+package ratelimit
+
+import (
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// step is one instant of a timeline: exactly one of decide, end, stale or
+// sweep happens at t0+at.
+type step struct {
+	at time.Duration
+
+	// decide: what the engine is asked, and what it must answer.
+	decide  *Request
+	allowed bool
+	reason  Reason
+	retry   time.Duration
+	dryRun  bool
+
+	// end: the watch admitted at step end.of ends now, after living since
+	// that step, with end.outcome.
+	end *ending
+	// stale: the API server reported this resourceVersion of pods too old.
+	stale string
+}
+
+type ending struct {
+	of      int
+	outcome Outcome
+}
+
+// Request shapes used by timelines: alice watching pods in default, from a
+// resourceVersion unless said otherwise.
+func watch() *Request {
+	return &Request{User: "alice", Verb: VerbWatch, Resource: "pods", Namespace: "default", ResourceVersion: "100"}
+}
+
+func watchIn(ns string) *Request { r := watch(); r.Namespace = ns; return r }
+
+func watchFrom(rv string) *Request { r := watch(); r.ResourceVersion = rv; return r }
+
+func watchSelecting(sel string) *Request { r := watch(); r.LabelSelector = sel; return r }
+
+func watchInitialEvents() *Request { r := watch(); r.SendInitialEvents = true; return r }
+
+func list() *Request {
+	return &Request{User: "alice", Verb: VerbList, Resource: "pods", Namespace: "default"}
+}
+
+func ok(at time.Duration, r *Request) step { return step{at: at, decide: r, allowed: true} }
+
+func no(at time.Duration, r *Request, reason Reason, retry time.Duration) step {
+	return step{at: at, decide: r, reason: reason, retry: retry}
+}
+
+func dry(at time.Duration, r *Request, reason Reason, retry time.Duration) step {
+	return step{at: at, decide: r, allowed: true, reason: reason, retry: retry, dryRun: true}
+}
+
+func closed(at time.Duration, of int) step { return step{at: at, end: &ending{of, OutcomeClosed}} }
+
+func failed(at time.Duration, of int) step { return step{at: at, end: &ending{of, OutcomeError}} }
+
+func staleSeen(at time.Duration, rv string) step { return step{at: at, stale: rv} }
+
+const ms = time.Millisecond
+const s = time.Second
+
+func TestTimelines(t *testing.T) {
+	opens := func(perMinute, burst int32) Budget {
+		return Budget{Name: "opens", Limits: Limits{WatchOpensPerMinute: perMinute, WatchBurst: burst}}
+	}
+	backoff := Budget{Name: "backoff", Backoff: Backoff{Initial: s, Max: 10 * s, ShortWatch: s, ResetAfter: 30 * s}}
+	everything := Budget{
+		Name:          "everything",
+		Limits:        Limits{WatchOpensPerMinute: 60, WatchBurst: 1, MaxConcurrentWatches: 1},
+		Backoff:       Backoff{Initial: 5 * s, Max: 10 * s, ShortWatch: s},
+		StaleVersions: StaleVersions{Memory: time.Minute},
+	}
+
+	for name, tc := range map[string]struct {
+		budgets []Budget
+		steps   []step
+	}{
+		"admits a burst of three, then the fourth waits a second for a token": {
+			budgets: []Budget{opens(60, 3)},
+			steps: []step{
+				ok(0, watch()), ok(0, watch()), ok(0, watch()),
+				no(0, watch(), ReasonRateLimited, s),
+				no(250*ms, watch(), ReasonRateLimited, 750*ms),
+				ok(s, watch()),
+			},
+		},
+		"a rejected watch takes no tokens": {
+			budgets: []Budget{opens(60, 1)},
+			steps: []step{
+				ok(0, watch()),
+				no(500*ms, watch(), ReasonRateLimited, 500*ms),
+				no(900*ms, watch(), ReasonRateLimited, 100*ms),
+				ok(s, watch()), // the two rejections above took nothing
+			},
+		},
+		"a watch asking for initial state costs initialStateCost tokens": {
+			budgets: []Budget{{Name: "lists", Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 4, InitialStateCost: 3}}},
+			steps: []step{
+				ok(0, watchFrom("")),
+				no(0, watchFrom("0"), ReasonRateLimited, 2*s), // 1 token left, 3 needed
+				ok(0, watch()),                                // a resourceVersion costs 1
+				no(0, watch(), ReasonRateLimited, s),
+				ok(3*s, watchInitialEvents()),
+			},
+		},
+		"caps concurrent watches and frees the slot when one ends": {
+			budgets: []Budget{{Name: "cap", Limits: Limits{MaxConcurrentWatches: 2}}},
+			steps: []step{
+				ok(0, watch()), ok(0, watch()),
+				no(s, watch(), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+				closed(2*s, 0),
+				ok(2*s, watch()),
+				no(2*s, watch(), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+			},
+		},
+		"releasing a watch twice frees one slot only": {
+			budgets: []Budget{{Name: "cap", Limits: Limits{MaxConcurrentWatches: 1}}},
+			steps: []step{
+				ok(0, watch()),
+				closed(s, 0), closed(s, 0),
+				ok(s, watch()),
+				no(s, watch(), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+			},
+		},
+		"lists are not capped by concurrency": {
+			budgets: []Budget{{Name: "cap", Limits: Limits{MaxConcurrentWatches: 1}}},
+			steps:   []step{ok(0, watch()), ok(0, list()), ok(0, list())},
+		},
+		"lists take tokens from the list bucket only": {
+			budgets: []Budget{{Name: "lists", Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 1, ListsPerMinute: 30, ListBurst: 2}}},
+			steps: []step{
+				ok(0, list()), ok(0, list()),
+				no(0, list(), ReasonRateLimited, 2*s),
+				ok(0, watch()), // the watch bucket is untouched
+				ok(2*s, list()),
+			},
+		},
+		"backs off 4s after the third watch that died within a second": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), closed(500*ms, 0), // 1st failure: 1s
+				no(s, watch(), ReasonBackingOff, 500*ms),
+				ok(1500*ms, watch()), closed(2*s, 3), // 2nd: 2s
+				no(3*s, watch(), ReasonBackingOff, s),
+				ok(4*s, watch()), closed(4500*ms, 6), // 3rd: 4s
+				no(5*s, watch(), ReasonBackingOff, 3500*ms),
+				ok(8500*ms, watch()),
+			},
+		},
+		"a watch that ends with an error is a failure however long it lived": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), failed(10*s, 0),
+				no(10*s, watch(), ReasonBackingOff, s),
+				ok(11*s, watch()),
+			},
+		},
+		"a watch that lived past resetAfter clears the backoff": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), closed(100*ms, 0), // 1s
+				ok(1100*ms, watch()), closed(1200*ms, 2), // 2s
+				ok(3200*ms, watch()), failed(40*s, 4), // lived 36.8s, errors: reset anyway
+				ok(40*s, watch()), closed(40100*ms, 6), // 1s again, not 4s
+				no(41*s, watch(), ReasonBackingOff, 100*ms),
+			},
+		},
+		"a watch that lived long enough but not past resetAfter keeps the backoff": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), closed(100*ms, 0), // 1s
+				ok(1100*ms, watch()), closed(5*s, 2), // healthy, nothing changes
+				ok(5*s, watch()), closed(5100*ms, 4), // 2nd failure: 2s
+				no(6*s, watch(), ReasonBackingOff, 1100*ms),
+			},
+		},
+		"backoff never exceeds max": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), closed(0, 0), // 1s
+				ok(1*s, watch()), closed(1*s, 2), // 2s
+				ok(3*s, watch()), closed(3*s, 4), // 4s
+				ok(7*s, watch()), closed(7*s, 6), // 8s
+				ok(15*s, watch()), closed(15*s, 8), // 10s, not 16s
+				no(15*s, watch(), ReasonBackingOff, 10*s),
+				ok(25*s, watch()),
+			},
+		},
+		"backoff is per watch key: another namespace or selector is not delayed": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), closed(0, 0),
+				no(0, watch(), ReasonBackingOff, s),
+				ok(0, watchIn("kube-system")),
+				ok(0, watchSelecting("app=web")),
+				ok(0, &Request{User: "bob", Verb: VerbWatch, Resource: "pods", Namespace: "default", ResourceVersion: "100"}),
+				ok(0, list()), // backoff is for watches
+			},
+		},
+		"a stale version is rejected locally before backoff, concurrency and tokens": {
+			budgets: []Budget{everything},
+			steps: []step{
+				ok(0, watch()), // the bucket is empty and the slot is taken
+				staleSeen(0, "42"),
+				no(0, watchFrom("42"), ReasonStaleResourceVersion, 0),
+				no(0, watch(), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+				closed(100*ms, 0), // a failure: 5s backoff
+				no(200*ms, watchFrom("42"), ReasonStaleResourceVersion, 0),
+				no(200*ms, watch(), ReasonBackingOff, 4900*ms),
+				no(5100*ms, watchFrom("42"), ReasonStaleResourceVersion, 0),
+				ok(5100*ms, watch()), // stale rejections took no tokens
+			},
+		},
+		"backoff comes before concurrency, concurrency before tokens": {
+			budgets: []Budget{{
+				Name:    "ordered",
+				Limits:  Limits{WatchOpensPerMinute: 60, WatchBurst: 1, MaxConcurrentWatches: 2},
+				Backoff: Backoff{Initial: 5 * s, Max: 10 * s, ShortWatch: s},
+			}},
+			steps: []step{
+				ok(0, watchIn("a")),
+				ok(s, watchIn("b")), closed(1500*ms, 1), // b backs off 5s
+				ok(2*s, watchIn("c")), // two open, bucket empty
+				no(2*s, watchIn("b"), ReasonBackingOff, 4500*ms),
+				no(2*s, watchIn("d"), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+				closed(2*s, 0),
+				no(2*s, watchIn("d"), ReasonRateLimited, s),
+				ok(3*s, watchIn("d")),
+			},
+		},
+		"a stale version is forgotten after memory, and only for its resource": {
+			budgets: []Budget{{Name: "stale", StaleVersions: StaleVersions{Memory: time.Minute}}},
+			steps: []step{
+				staleSeen(0, "42"),
+				no(59*s, watchFrom("42"), ReasonStaleResourceVersion, 0),
+				ok(59*s, &Request{User: "alice", Verb: VerbWatch, Group: "apps", Resource: "deployments", ResourceVersion: "42"}),
+				ok(59*s, watchFrom("43")),
+				ok(60*s, watchFrom("42")),
+			},
+		},
+		"stale versions pass when the action is Pass": {
+			budgets: []Budget{{Name: "stale", StaleVersions: StaleVersions{Action: StalePass, Memory: time.Minute}}},
+			steps:   []step{staleSeen(0, "42"), ok(s, watchFrom("42"))},
+		},
+		"dry run allows with the reason enforce would give, and takes no tokens": {
+			budgets: []Budget{{Name: "dry", Enforcement: DryRun, Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 1, MaxConcurrentWatches: 1}}},
+			steps: []step{
+				ok(0, watch()),
+				dry(0, watch(), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+				closed(0, 0), closed(0, 1),
+				dry(500*ms, watch(), ReasonRateLimited, 500*ms),
+				closed(600*ms, 4),
+				ok(s, watch()), // the dry-run watches took no tokens
+			},
+		},
+		"an exempt budget admits everything": {
+			budgets: []Budget{
+				{Name: "admins", Precedence: 1, Enforcement: Exempt, Subjects: []Subject{{Kind: Group, Name: "system:masters"}}},
+				{Name: "everyone", Precedence: 2, Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 1}},
+			},
+			steps: []step{
+				ok(0, &Request{User: "root", Groups: []string{"system:masters"}, Verb: VerbWatch, Resource: "pods"}),
+				ok(0, &Request{User: "root", Groups: []string{"system:masters"}, Verb: VerbWatch, Resource: "pods"}),
+				ok(0, watch()),
+				no(0, watch(), ReasonRateLimited, s),
+			},
+		},
+		"a request no budget governs has no limits": {
+			budgets: []Budget{{Name: "apps", Resources: []ResourceRule{{APIGroups: []string{"apps"}}}, Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 1}}},
+			steps:   []step{ok(0, watch()), ok(0, watch()), ok(0, watch())},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newTestEngine(t, Options{}, tc.budgets...)
+			ds := make([]Decision, len(tc.steps))
+			for i, st := range tc.steps {
+				now := t0.Add(st.at)
+				switch {
+				case st.decide != nil:
+					d := e.Decide(now, st.decide)
+					ds[i] = d
+					if d.Allowed != st.allowed || d.Reason != st.reason || d.RetryAfter != st.retry || d.DryRun != st.dryRun {
+						t.Fatalf("step %d at t0+%s: got allowed=%v reason=%q retry=%s dryRun=%v, want allowed=%v reason=%q retry=%s dryRun=%v",
+							i, st.at, d.Allowed, d.Reason, d.RetryAfter, d.DryRun, st.allowed, st.reason, st.retry, st.dryRun)
+					}
+					wantBudget := ""
+					if b := e.Policy().Match(st.decide.User, st.decide.Groups, st.decide.Group, st.decide.Resource, st.decide.Namespace); b != nil {
+						wantBudget = b.Name
+					}
+					if d.Budget != wantBudget {
+						t.Fatalf("step %d: budget %q, want %q", i, d.Budget, wantBudget)
+					}
+					exempt := d.Enforcement == Exempt || d.Budget == ""
+					if want := d.Allowed && st.decide.Verb == VerbWatch && !exempt; d.Watch.Valid() != want {
+						t.Fatalf("step %d: Watch.Valid() = %v, want %v", i, d.Watch.Valid(), want)
+					}
+				case st.end != nil:
+					start := tc.steps[st.end.of]
+					e.WatchEnded(now, ds[st.end.of].Watch, st.at-start.at, st.end.outcome)
+				case st.stale != "":
+					e.StaleVersionSeen(now, "", "pods", st.stale)
+				}
+			}
+		})
+	}
+}
+
+// newTestEngine returns an engine without backoff jitter, governed by
+// budgets.
+func newTestEngine(t testing.TB, opts Options, budgets ...Budget) *Engine {
+	t.Helper()
+	e := NewEngine(opts)
+	e.jitter = 0
+	p, err := NewPolicy(budgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SetPolicy(t0, p)
+	return e
+}
