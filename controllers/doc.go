@@ -1,0 +1,30 @@
+// Package controllers turns WatchBudgets into the policy the proxy enforces
+// and reports back on them. It has four pieces, wired by SetupWithManager:
+//
+//   - PolicyReconciler (every replica, no leader election): reads every
+//     WatchBudget from the cache, compiles the valid ones into one immutable
+//     ratelimit.Policy and swaps it into the engine. The swap keeps every
+//     identity's buckets, open watches and backoff; an invalid budget is
+//     left out without disturbing the others.
+//   - ReadyReconciler (leader only): sets each budget's Ready condition
+//     (True/Compiled or False/InvalidSpec, with observedGeneration) and the
+//     status sums shown by `kubectl get wb` (activeWatches,
+//     recentRejections), from the replicas' entries.
+//   - ReplicaStatusWriter (every replica): every 15 s, writes this replica's
+//     live figures (active watches, tracked identities, decisions by reason,
+//     top offenders) into its own entry of status.replicas, only when they
+//     changed, with server-side apply and a field manager of its own, so
+//     replicas never clobber each other. ReplicaPruner (leader only) removes
+//     the entries of pods that are gone.
+//   - ThrottleEvents (every replica): turns the engine's OnThrottled
+//     callback, already limited to one call per budget × identity per
+//     interval, into Events on the WatchBudget.
+//
+// Who writes what in status, and why no two writers conflict:
+//
+//	status.conditions[Ready], activeWatches, recentRejections  field manager "watchgate-controller" (leader)
+//	status.replicas[pod=P]                                    field manager "watchgate-replica-P" (replica P)
+//
+// Compile, ToBudget and the entry/sum helpers are pure and unit tested; the
+// rest is tested against a real kube-apiserver.
+package controllers

@@ -1,0 +1,123 @@
+package controllers
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// throttleQueueSize bounds the events waiting to be recorded; beyond it they
+// are dropped (and counted), never waited for.
+const throttleQueueSize = 1024
+
+// Event reasons are the engine's (RateLimited, TooManyWatches, BackingOff,
+// StaleResourceVersion); the action says what was done.
+const (
+	actionReject = "Reject"
+	actionDryRun = "DryRun"
+)
+
+// ThrottleEvents records an Event on a WatchBudget when one of the
+// identities it governs starts being throttled. Create it before the
+// engine, pass its OnThrottled as ratelimit.Options.OnThrottled, and hand
+// it to SetupWithManager, which starts it on every replica.
+//
+// Aggregation is the engine's: it calls OnThrottled at most once per
+// budget × identity per ratelimit.Options.ThrottleNotifyInterval, so a storm
+// of rejected requests becomes one Event per identity per interval; the
+// events API then folds repeats into a series. OnThrottled never blocks the
+// request that triggered it: it queues, and drops when the queue is full.
+type ThrottleEvents struct {
+	queue chan throttled
+
+	reader   client.Reader
+	recorder events.EventRecorder
+}
+
+type throttled struct {
+	budget, user string
+	reason       ratelimit.Reason
+	dryRun       bool
+}
+
+// NewThrottleEvents returns a ThrottleEvents ready for OnThrottled; Events
+// are recorded once SetupWithManager has started it.
+func NewThrottleEvents() *ThrottleEvents {
+	return &ThrottleEvents{queue: make(chan throttled, throttleQueueSize)}
+}
+
+// OnThrottled queues an Event; it has the signature of
+// ratelimit.Options.OnThrottled and never blocks.
+func (t *ThrottleEvents) OnThrottled(budget, user string, reason ratelimit.Reason, dryRun bool) {
+	select {
+	case t.queue <- throttled{budget: budget, user: user, reason: reason, dryRun: dryRun}:
+	default:
+		throttleEventsTotal.WithLabelValues("dropped").Inc()
+	}
+}
+
+// NeedLeaderElection is false: each replica reports whom it throttles.
+func (t *ThrottleEvents) NeedLeaderElection() bool { return false }
+
+// Start records queued Events until ctx ends.
+func (t *ThrottleEvents) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("throttle-events")
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-t.queue:
+			if err := t.record(ctx, e); err != nil {
+				log.Error(err, "Failed to record throttling event", "watchBudget", e.budget)
+			}
+		}
+	}
+}
+
+func (t *ThrottleEvents) record(ctx context.Context, e throttled) error {
+	var wb v1alpha1.WatchBudget
+	if err := t.reader.Get(ctx, types.NamespacedName{Name: e.budget}, &wb); err != nil {
+		throttleEventsTotal.WithLabelValues("dropped").Inc()
+		if apierrors.IsNotFound(err) {
+			return nil // the budget went away meanwhile
+		}
+		return err
+	}
+	user := e.user
+	if len(user) > 256 {
+		user = user[:256] + "..."
+	}
+	action, note := actionReject, "Rejecting requests of %q: %s"
+	if e.dryRun {
+		action, note = actionDryRun, "Would reject requests of %q (DryRun: admitted): %s"
+	}
+	t.recorder.Eventf(&wb, nil, corev1.EventTypeWarning, string(e.reason), action, note, user, describeReason(e.reason))
+	throttleEventsTotal.WithLabelValues("recorded").Inc()
+	return nil
+}
+
+// describeReason says what a reason means, for an Event's note.
+func describeReason(r ratelimit.Reason) string {
+	switch r {
+	case ratelimit.ReasonRateLimited:
+		return "opens or lists over the budget's rate"
+	case ratelimit.ReasonTooManyWatches:
+		return "too many watches open at once"
+	case ratelimit.ReasonBackingOff:
+		return "backing off after watches that failed or ended too soon"
+	case ratelimit.ReasonStaleResourceVersion:
+		return "resubscribing with a resourceVersion the API server declared too old"
+	}
+	return string(r)
+}

@@ -1,0 +1,139 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/watchgate/watchgate/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list
+
+// DefaultPruneInterval is how often the leader looks for entries of replicas
+// that are gone.
+const DefaultPruneInterval = time.Minute
+
+// ReplicaPruner removes from status.replicas the entries of replicas whose
+// pod no longer exists in Namespace: a replica that stops cleanly removes
+// its own entries, one that crashes or is evicted cannot. It runs on the
+// leader only.
+//
+// An entry belongs to another field manager (its replica's), so applying
+// cannot remove it; the pruner sends a JSON patch that tests the entry's pod
+// name at its index before removing it, so that a concurrent change of the
+// list makes the patch fail (and the next round retry) rather than remove
+// the wrong entry.
+type ReplicaPruner struct {
+	// Client patches status.
+	Client client.Client
+	// Reader reads WatchBudgets, normally the manager's cache.
+	Reader client.Reader
+	// PodReader lists pods; normally the manager's API reader (uncached), so
+	// that watchgate does not cache every pod of its namespace.
+	PodReader client.Reader
+	// Namespace the replicas' pods run in. Empty disables pruning.
+	Namespace string
+	// Interval between rounds; DefaultPruneInterval when zero.
+	Interval time.Duration
+
+	// The following are used for testing purposes.
+	Clock clock.WithTicker
+}
+
+// NeedLeaderElection is true: one pruner is enough.
+func (p *ReplicaPruner) NeedLeaderElection() bool { return true }
+
+// Start prunes every Interval until ctx ends.
+func (p *ReplicaPruner) Start(ctx context.Context) error {
+	if p.Namespace == "" {
+		return nil
+	}
+	if p.Clock == nil {
+		p.Clock = clock.RealClock{}
+	}
+	interval := p.Interval
+	if interval <= 0 {
+		interval = DefaultPruneInterval
+	}
+	log := logf.FromContext(ctx).WithName("replica-pruner").WithValues("namespace", p.Namespace)
+	ctx = logf.IntoContext(ctx, log)
+	t := p.Clock.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			if err := p.Prune(ctx); err != nil {
+				log.Error(err, "Failed to prune status entries of gone replicas")
+			}
+		}
+	}
+}
+
+// Prune removes, from every budget, the entries of pods that do not exist.
+func (p *ReplicaPruner) Prune(ctx context.Context) error {
+	var pods metav1.PartialObjectMetadataList
+	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	if err := p.PodReader.List(ctx, &pods, client.InNamespace(p.Namespace)); err != nil {
+		return fmt.Errorf("list pods in %s: %w", p.Namespace, err)
+	}
+	live := make(map[string]bool, len(pods.Items))
+	for _, pod := range pods.Items {
+		live[pod.Name] = true
+	}
+	var list v1alpha1.WatchBudgetList
+	if err := p.Reader.List(ctx, &list); err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		wb := &list.Items[i]
+		var ops []jsonPatchOp
+		// From the end, so that earlier indexes stay right.
+		for j := len(wb.Status.Replicas) - 1; j >= 0; j-- {
+			pod := wb.Status.Replicas[j].Pod
+			if live[pod] {
+				continue
+			}
+			path := fmt.Sprintf("/status/replicas/%d", j)
+			ops = append(ops, jsonPatchOp{Op: "test", Path: path + "/pod", Value: pod}, jsonPatchOp{Op: "remove", Path: path})
+		}
+		if len(ops) == 0 {
+			continue
+		}
+		raw, err := json.Marshal(ops)
+		if err != nil {
+			return err
+		}
+		err = p.Client.Status().Patch(ctx, wb, client.RawPatch(types.JSONPatchType, raw), client.FieldOwner(fieldOwnerController))
+		switch {
+		case apierrors.IsNotFound(err):
+		case apierrors.IsInvalid(err), apierrors.IsConflict(err):
+			// The list changed under us (the cache lagged); next round.
+			logf.FromContext(ctx).V(1).Info("Status changed while pruning, will retry", "watchBudget", wb.Name, "reason", err.Error())
+		case err != nil:
+			errs = append(errs, fmt.Errorf("prune status entries of WatchBudget %s: %w", wb.Name, err))
+		default:
+			logf.FromContext(ctx).V(1).Info("Pruned status entries of gone replicas", "watchBudget", wb.Name, "entries", len(ops)/2)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value,omitempty"`
+}

@@ -1,0 +1,173 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/watchgate/watchgate/api/v1alpha1"
+)
+
+// DefaultStatusInterval is how often a replica considers writing its status
+// entries.
+const DefaultStatusInterval = 15 * time.Second
+
+// ReplicaStatusWriter writes this replica's live figures for each budget
+// into the budget's status.replicas, in the entry keyed by its pod name.
+// Every replica runs one (it does not need leader election).
+//
+// Every Interval it reads the engine's Stats and, for each budget whose
+// figures differ from its entry in the cache (lastUpdateTime aside), applies
+// the new entry with server-side apply under a field manager of its own
+// (watchgate-replica-<pod>). Each replica thus owns exactly its own entry:
+// concurrent writers never conflict and never remove each other's entries.
+// A budget that leaves the policy (deleted, or now invalid) loses this
+// replica's entry; on shutdown the replica removes all its entries, since
+// its figures stop being live.
+type ReplicaStatusWriter struct {
+	// Client writes the status.
+	Client client.Client
+	// Reader reads WatchBudgets, normally the manager's cache.
+	Reader client.Reader
+	// Engine supplies the figures.
+	Engine Engine
+	// Policy tells which generation of each budget the engine enforces.
+	Policy *PolicyReconciler
+	// Pod is this replica's pod name, the key of its entries.
+	Pod string
+	// Interval between writes; DefaultStatusInterval when zero.
+	Interval time.Duration
+
+	// The following are used for testing purposes.
+	Clock clock.WithTicker
+
+	history map[string]*rejectionHistory
+}
+
+// NeedLeaderElection is false: every replica reports its own figures.
+func (w *ReplicaStatusWriter) NeedLeaderElection() bool { return false }
+
+// Start writes every Interval until ctx ends, then removes this replica's
+// entries (with a fresh 5 s deadline, as ctx is already done).
+func (w *ReplicaStatusWriter) Start(ctx context.Context) error {
+	if w.Clock == nil {
+		w.Clock = clock.RealClock{}
+	}
+	interval := w.Interval
+	if interval <= 0 {
+		interval = DefaultStatusInterval
+	}
+	log := logf.FromContext(ctx).WithName("replica-status").WithValues("pod", w.Pod)
+	ctx = logf.IntoContext(ctx, log)
+	t := w.Clock.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := w.Remove(cleanup); err != nil {
+				log.Error(err, "Failed to remove this replica's status entries")
+			}
+			return nil
+		case <-t.C():
+			if err := w.Write(ctx); err != nil {
+				log.Error(err, "Failed to write status entries")
+			}
+		}
+	}
+}
+
+// Write brings this replica's entry of every budget up to date, writing
+// only those that changed.
+func (w *ReplicaStatusWriter) Write(ctx context.Context) error {
+	gens := w.Policy.Generations()
+	if gens == nil {
+		return nil // no policy yet: nothing this replica could report
+	}
+	stats := w.Engine.Stats()
+	var list v1alpha1.WatchBudgetList
+	if err := w.Reader.List(ctx, &list); err != nil {
+		return err
+	}
+	if w.history == nil {
+		w.history = map[string]*rejectionHistory{}
+	}
+	now := w.Clock.Now()
+	var errs []error
+	seen := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		wb := &list.Items[i]
+		seen[wb.Name] = true
+		current := findReplica(&wb.Status, w.Pod)
+		st, inStats := stats[wb.Name]
+		gen, inPolicy := gens[wb.Name]
+		if !inStats || !inPolicy {
+			delete(w.history, wb.Name)
+			if current != nil {
+				errs = append(errs, w.apply(ctx, wb.Name, nil))
+			}
+			continue
+		}
+		h := w.history[wb.Name]
+		if h == nil {
+			h = &rejectionHistory{}
+			w.history[wb.Name] = h
+		}
+		entry := replicaEntry(w.Pod, gen, st, h.observe(now, rejections(st), recentWindow), now)
+		if current != nil && sameFigures(*current, entry) {
+			continue
+		}
+		errs = append(errs, w.apply(ctx, wb.Name, &entry))
+	}
+	for name := range w.history {
+		if !seen[name] {
+			delete(w.history, name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Remove deletes this replica's entry from every budget that has one.
+func (w *ReplicaStatusWriter) Remove(ctx context.Context) error {
+	var list v1alpha1.WatchBudgetList
+	if err := w.Reader.List(ctx, &list); err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		if findReplica(&list.Items[i].Status, w.Pod) != nil {
+			errs = append(errs, w.apply(ctx, list.Items[i].Name, nil))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// apply writes entry as this replica's only entry of the budget; a nil
+// entry removes it. A budget deleted meanwhile is not an error.
+func (w *ReplicaStatusWriter) apply(ctx context.Context, name string, entry *v1alpha1.ReplicaStatus) error {
+	status := map[string]any{}
+	if entry != nil {
+		m, err := toUnstructured(entry)
+		if err != nil {
+			return err
+		}
+		status["replicas"] = []any{m}
+	}
+	err := applyStatus(ctx, w.Client, name, status, replicaFieldOwner(w.Pod))
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		statusWritesTotal.WithLabelValues("error").Inc()
+		return err
+	}
+	statusWritesTotal.WithLabelValues("success").Inc()
+	logf.FromContext(ctx).V(2).Info("Wrote status entry", "watchBudget", name, "removed", entry == nil)
+	return nil
+}

@@ -1,0 +1,146 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// +kubebuilder:rbac:groups=watchgate.io,resources=watchbudgets/status,verbs=get;update;patch
+
+// fieldOwnerController is the field manager of the leader's status fields:
+// the Ready condition and the sums.
+const fieldOwnerController = "watchgate-controller"
+
+// replicaFieldOwner is the field manager of one replica's entry in
+// status.replicas. Field managers are at most 128 characters; a longer pod
+// name is cut and suffixed with a hash, so that it stays unique.
+func replicaFieldOwner(pod string) string {
+	const prefix, maxLen = "watchgate-replica-", 128
+	name := prefix + pod
+	if len(name) <= maxLen {
+		return name
+	}
+	h := fnv.New64a()
+	h.Write([]byte(pod))
+	suffix := fmt.Sprintf("-%016x", h.Sum64())
+	return name[:maxLen-len(suffix)] + suffix
+}
+
+// rejections is the number of decisions that had (or, in DryRun, would have
+// had) a reason.
+func rejections(st ratelimit.BudgetStats) int64 {
+	var n int64
+	for reason, count := range st.Decisions {
+		if reason != reasonAllowed {
+			n += count
+		}
+	}
+	return n
+}
+
+// reasonAllowed is the key under which Stats counts decisions without a
+// reason.
+const reasonAllowed = ratelimit.Reason("Allowed")
+
+// replicaEntry is one replica's status entry for a budget. Zero counts are
+// left out of decisions.
+func replicaEntry(pod string, generation int64, st ratelimit.BudgetStats, recent int64, now time.Time) v1alpha1.ReplicaStatus {
+	e := v1alpha1.ReplicaStatus{
+		Pod:                pod,
+		ObservedGeneration: generation,
+		ActiveWatches:      st.ActiveWatches,
+		TrackedIdentities:  st.TrackedIdentities,
+		RecentRejections:   recent,
+		LastUpdateTime:     metav1.NewTime(now),
+	}
+	for reason, count := range st.Decisions {
+		if count == 0 {
+			continue
+		}
+		if e.Decisions == nil {
+			e.Decisions = map[string]int64{}
+		}
+		e.Decisions[string(reason)] = count
+	}
+	for _, o := range st.TopOffenders[:min(len(st.TopOffenders), 5)] {
+		user := o.User
+		if len(user) > 1024 {
+			user = user[:1024]
+		}
+		e.TopOffenders = append(e.TopOffenders, v1alpha1.Offender{User: user, Rejections: o.Rejections})
+	}
+	return e
+}
+
+// sameFigures reports whether two entries differ only in lastUpdateTime, in
+// which case there is nothing worth writing.
+func sameFigures(a, b v1alpha1.ReplicaStatus) bool {
+	return a.Pod == b.Pod &&
+		a.ObservedGeneration == b.ObservedGeneration &&
+		a.ActiveWatches == b.ActiveWatches &&
+		a.TrackedIdentities == b.TrackedIdentities &&
+		a.RecentRejections == b.RecentRejections &&
+		maps.Equal(a.Decisions, b.Decisions) &&
+		slices.Equal(a.TopOffenders, b.TopOffenders)
+}
+
+// findReplica returns pod's entry, or nil.
+func findReplica(st *v1alpha1.WatchBudgetStatus, pod string) *v1alpha1.ReplicaStatus {
+	for i := range st.Replicas {
+		if st.Replicas[i].Pod == pod {
+			return &st.Replicas[i]
+		}
+	}
+	return nil
+}
+
+// sums adds up the replicas' entries into the figures `kubectl get wb`
+// shows.
+func sums(replicas []v1alpha1.ReplicaStatus) (activeWatches, recentRejections int64) {
+	for _, r := range replicas {
+		activeWatches += r.ActiveWatches
+		recentRejections += r.RecentRejections
+	}
+	return activeWatches, recentRejections
+}
+
+// applyStatus server-side applies status (the fields owner wants to own, and
+// nothing else) to the named WatchBudget's status subresource. Fields owner
+// owned before and left out of status are removed. A budget that is gone is
+// not recreated: the API server answers NotFound.
+func applyStatus(ctx context.Context, c client.Client, name string, status map[string]any, owner string) error {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "WatchBudget",
+		"metadata":   map[string]any{"name": name},
+		"status":     status,
+	}}
+	err := c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(owner), client.ForceOwnership)
+	if err != nil {
+		return fmt.Errorf("apply status of WatchBudget %s as %s: %w", name, owner, err)
+	}
+	return nil
+}
+
+// toUnstructured turns a typed value into the map form an apply
+// configuration holds, as its JSON says.
+func toUnstructured(v any) (map[string]any, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	return m, json.Unmarshal(raw, &m)
+}
