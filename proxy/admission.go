@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// DecisionHeader names the decision and the budget on every response to a
+// request a budget governs, e.g.
+//
+//	X-Watchgate-Decision: allow; budget=agents
+//	X-Watchgate-Decision: reject; reason=RateLimited; budget=agents; retry-after=2
+//	X-Watchgate-Decision: dryrun-reject; reason=TooManyWatches; budget=agents
+const DecisionHeader = "X-Watchgate-Decision"
+
+// admission asks the engine about every watch and list and answers the
+// rejected ones itself.
+type admission struct {
+	engine  Engine
+	clock   clock.Clock
+	watches *openWatches
+	log     *sampledLogger
+	// maxDelay caps the wait before a rejection is answered; delaySlots
+	// caps how many rejections wait at once.
+	maxDelay   time.Duration
+	delaySlots chan struct{}
+}
+
+// withAdmission decides every budgeted request (see classify) with the
+// engine; everything else passes untouched. A rejected watch or list is
+// answered after a short delay (the engine's retry-after, at most maxDelay,
+// cut short when the client leaves): a stale watch with a 200 ERROR/410
+// stream, anything else with 429 and Retry-After. An admitted watch is
+// followed to its end (watchState).
+func withAdmission(a *admission, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, ok := classificationFrom(r.Context())
+		id, idOK := identityFrom(r.Context())
+		if !ok || !idOK || c.Verb == 0 {
+			requestsTotal.WithLabelValues("other", "allow", "", "", "").Inc()
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := a.clock.Now()
+		d := a.engine.Decide(start, &ratelimit.Request{
+			User:              id.GetName(),
+			Groups:            id.GetGroups(),
+			Verb:              c.Verb,
+			Group:             c.Info.APIGroup,
+			Resource:          c.Info.Resource,
+			Namespace:         c.Info.Namespace,
+			LabelSelector:     c.LabelSelector,
+			FieldSelector:     c.FieldSelector,
+			ResourceVersion:   c.ResourceVersion,
+			SendInitialEvents: c.SendInitialEvents,
+		})
+		verb := verbLabel(c.Verb)
+		decisionSeconds.WithLabelValues(verb).Observe(a.clock.Since(start).Seconds())
+		decision := decisionLabel(d)
+		requestsTotal.WithLabelValues(verb, decision, string(d.Reason), d.Budget, string(d.Enforcement)).Inc()
+		if d.Budget != "" {
+			w.Header().Set(DecisionHeader, decisionHeader(d))
+		}
+		if d.Reason != ratelimit.ReasonNone {
+			a.log.Info("Decision", "decision", decision, "reason", d.Reason, "budget", d.Budget, "user", id.GetName(),
+				"verb", verb, "group", c.Info.APIGroup, "resource", c.Info.Resource, "namespace", c.Info.Namespace,
+				"resourceVersion", c.ResourceVersion, "retryAfter", d.RetryAfter)
+		}
+		switch {
+		case !d.Allowed:
+			if !a.delay(r.Context(), d.RetryAfter) {
+				return // the client left
+			}
+			if d.Reason == ratelimit.ReasonStaleResourceVersion && c.Verb == ratelimit.VerbWatch {
+				writeTooOld(w, r, c.ResourceVersion)
+				return
+			}
+			writeStatus(w, r, tooManyRequests(d))
+		case c.Verb == ratelimit.VerbWatch:
+			a.serveWatch(w, r, c, d, start, next)
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// serveWatch forwards an admitted watch and reports its end to the engine,
+// also when the proxy panics out of the stream (http.ErrAbortHandler).
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d ratelimit.Decision, start time.Time, next http.Handler) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	ws := &watchState{
+		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: d, started: start,
+		clientCtx: r.Context(), cancel: cancel,
+	}
+	defer ws.end()
+	if !a.watches.add(ws) {
+		e := apierrors.NewServiceUnavailable("watchgate is shutting down, please try again")
+		e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+		writeStatus(w, r, e)
+		return
+	}
+	defer a.watches.remove(ws)
+	activeWatches.Inc()
+	defer activeWatches.Dec()
+	upstreamWatchOpens.Inc()
+	next.ServeHTTP(w, r.WithContext(withWatchState(ctx, ws)))
+}
+
+// delay waits min(retryAfter, maxDelay) unless too many rejections are
+// already waiting; it returns false when the client left meanwhile.
+func (a *admission) delay(ctx context.Context, retryAfter time.Duration) bool {
+	d := min(retryAfter, a.maxDelay)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	select {
+	case a.delaySlots <- struct{}{}:
+		defer func() { <-a.delaySlots }()
+	default:
+		return ctx.Err() == nil
+	}
+	t := a.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// tooManyRequests is the 429 Status of a rejection, with
+// details.retryAfterSeconds (at least 1).
+func tooManyRequests(d ratelimit.Decision) *apierrors.StatusError {
+	secs := retryAfterSeconds(d.RetryAfter)
+	var why string
+	switch d.Reason {
+	case ratelimit.ReasonRateLimited:
+		why = "too many watch or list requests"
+	case ratelimit.ReasonTooManyWatches:
+		why = "too many open watches"
+	case ratelimit.ReasonBackingOff:
+		why = "watches keep failing, backing off"
+	default:
+		why = string(d.Reason)
+	}
+	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", why, d.Budget, secs), secs)
+}
+
+func retryAfterSeconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}
+
+func verbLabel(v ratelimit.Verb) string {
+	switch v {
+	case ratelimit.VerbWatch:
+		return "watch"
+	case ratelimit.VerbList:
+		return "list"
+	default:
+		return "other"
+	}
+}
+
+func decisionLabel(d ratelimit.Decision) string {
+	switch {
+	case !d.Allowed:
+		return "reject"
+	case d.DryRun || d.Reason != ratelimit.ReasonNone:
+		return "dryrun-reject"
+	default:
+		return "allow"
+	}
+}
+
+func decisionHeader(d ratelimit.Decision) string {
+	var b strings.Builder
+	b.WriteString(decisionLabel(d))
+	if d.Reason != ratelimit.ReasonNone {
+		b.WriteString("; reason=")
+		b.WriteString(string(d.Reason))
+	}
+	b.WriteString("; budget=")
+	b.WriteString(d.Budget)
+	if !d.Allowed && d.Reason != ratelimit.ReasonStaleResourceVersion {
+		fmt.Fprintf(&b, "; retry-after=%d", retryAfterSeconds(d.RetryAfter))
+	}
+	return b.String()
+}

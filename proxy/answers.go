@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
+	restclientwatch "k8s.io/client-go/rest/watch"
+)
+
+// The proxy speaks only the meta types (Status, WatchEvent), in JSON and
+// protobuf, the way kube-apiserver does.
+var (
+	metaScheme = newMetaScheme()
+	metaCodecs = serializer.NewCodecFactory(metaScheme)
+	// statusVersion is the group version Status is written in ("v1").
+	statusVersion = schema.GroupVersion{Version: "v1"}
+)
+
+func newMetaScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	metav1.AddToGroupVersion(s, statusVersion)
+	return s
+}
+
+// writeStatus answers with err's Status in the media type the client accepts
+// (JSON when it accepts nothing the proxy speaks), with Retry-After when the
+// Status carries retryAfterSeconds, as kube-apiserver does.
+func writeStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusError) {
+	status := err.Status()
+	if d := status.Details; d != nil && d.RetryAfterSeconds > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(d.RetryAfterSeconds)))
+	}
+	info, ok := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+	if _, negotiated, nerr := negotiation.NegotiateOutputMediaType(r, metaCodecs, negotiation.DefaultEndpointRestrictions); nerr == nil {
+		info, ok = negotiated, true
+	}
+	var body bytes.Buffer
+	if ok {
+		if eerr := metaCodecs.EncoderForVersion(info.Serializer, statusVersion).Encode(&status, &body); eerr != nil {
+			ok = false
+		}
+	}
+	if !ok { // cannot happen with the meta scheme; answer without a body
+		w.WriteHeader(int(status.Code))
+		return
+	}
+	w.Header().Set("Content-Type", info.MediaType)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(int(status.Code))
+	_, _ = w.Write(body.Bytes())
+}
+
+// tooOldMessage is the message of a locally answered stale watch. It starts
+// like kube-apiserver's watch cache message, because browser front-ends only
+// recognise the text "too old" to trigger their resync.
+func tooOldMessage(resourceVersion string) string {
+	return fmt.Sprintf("too old resource version: %s (answered by watchgate: the API server declared it too old)", resourceVersion)
+}
+
+// writeTooOld answers a watch exactly as kube-apiserver answers one from an
+// expired resourceVersion: HTTP 200, a watch stream in the framing the client
+// negotiated (JSON or protobuf), one ERROR event whose object is a Status
+// 410 Expired, then the end of the stream.
+func writeTooOld(w http.ResponseWriter, r *http.Request, resourceVersion string) {
+	info, err := negotiation.NegotiateOutputMediaTypeStream(r, metaCodecs, negotiation.DefaultEndpointRestrictions)
+	if err != nil {
+		info, _ = runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+	}
+	status := apierrors.NewResourceExpired(tooOldMessage(resourceVersion)).Status()
+	var body bytes.Buffer
+	enc := restclientwatch.NewEncoder(
+		streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&body), info.StreamSerializer.Serializer),
+		metaCodecs.EncoderForVersion(info.Serializer, statusVersion))
+	if err := enc.Encode(&watch.Event{Type: watch.Error, Object: &status}); err != nil {
+		writeStatus(w, r, apierrors.NewInternalError(err))
+		return
+	}
+	w.Header().Set("Content-Type", watchContentType(info.MediaType))
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body.Bytes())
+}
+
+// watchContentType is the Content-Type kube-apiserver gives a watch stream
+// of mediaType (handlers/watch.go): JSON as is, others with ";stream=watch".
+func watchContentType(mediaType string) string {
+	switch mediaType {
+	case runtime.ContentTypeJSON:
+		return mediaType
+	case runtime.ContentTypeCBOR:
+		return runtime.ContentTypeCBORSequence
+	default:
+		return mediaType + ";stream=watch"
+	}
+}

@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+
+	"k8s.io/client-go/util/cert"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+)
+
+// servingCertificate is where the TLS server gets its certificate: files
+// reloaded when they change (certwatcher), or a pair generated at start.
+type servingCertificate struct {
+	getCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// watch runs until ctx ends; nil for a generated pair.
+	watch func(ctx context.Context) error
+	// generatedCA is the PEM of the generated pair's certificates (serving
+	// certificate and its self-signed CA); empty for files.
+	generatedCA []byte
+}
+
+func newServingCertificate(certFile, keyFile string) (*servingCertificate, error) {
+	if certFile != "" {
+		w, err := certwatcher.New(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load serving certificate: %w", err)
+		}
+		return &servingCertificate{getCertificate: w.GetCertificate, watch: w.Start}, nil
+	}
+	host, _ := os.Hostname()
+	dns := []string{"localhost", "watchgate"}
+	if host != "" {
+		dns = append(dns, host)
+	}
+	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("watchgate", []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, dns)
+	if err != nil {
+		return nil, fmt.Errorf("generate serving certificate: %w", err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("generated serving certificate: %w", err)
+	}
+	return &servingCertificate{
+		getCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &pair, nil },
+		generatedCA:    certPEM,
+	}, nil
+}

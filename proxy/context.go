@@ -1,0 +1,56 @@
+package proxy
+
+import (
+	"context"
+
+	"k8s.io/apiserver/pkg/authentication/user"
+)
+
+// Each filter leaves what it learned in the request's context for the next.
+type contextKey int
+
+const (
+	callerKey         contextKey = iota // user.Info: who the token belongs to
+	identityKey                         // user.Info: whose budget the request spends
+	classificationKey                   // *classification
+	watchKey                            // *watchState
+)
+
+func withCaller(ctx context.Context, u user.Info) context.Context {
+	return context.WithValue(ctx, callerKey, u)
+}
+
+func callerFrom(ctx context.Context) (user.Info, bool) {
+	u, ok := ctx.Value(callerKey).(user.Info)
+	return u, ok
+}
+
+func withIdentity(ctx context.Context, u user.Info) context.Context {
+	return context.WithValue(ctx, identityKey, u)
+}
+
+// identityFrom returns the budget identity, falling back to the caller.
+func identityFrom(ctx context.Context) (user.Info, bool) {
+	if u, ok := ctx.Value(identityKey).(user.Info); ok {
+		return u, true
+	}
+	return callerFrom(ctx)
+}
+
+func withClassificationValue(ctx context.Context, c *classification) context.Context {
+	return context.WithValue(ctx, classificationKey, c)
+}
+
+func classificationFrom(ctx context.Context) (*classification, bool) {
+	c, ok := ctx.Value(classificationKey).(*classification)
+	return c, ok
+}
+
+func withWatchState(ctx context.Context, w *watchState) context.Context {
+	return context.WithValue(ctx, watchKey, w)
+}
+
+func watchStateFrom(ctx context.Context) *watchState {
+	w, _ := ctx.Value(watchKey).(*watchState)
+	return w
+}

@@ -1,0 +1,35 @@
+// Package proxy is watchgate's data path: an HTTPS reverse proxy that stands
+// in front of kube-apiserver and admits watches (and budgeted lists) through
+// the ratelimit engine. Clients change nothing but the server URL.
+//
+// A request goes through a chain of filters, each shaped
+// func(deps…, next http.Handler) http.Handler and built once by NewServer:
+//
+//	withAuthentication  bearer token → TokenReview (cached, bounded, throttled); 401 without forwarding
+//	withIdentity        Impersonate-* headers → the budget identity, only when a
+//	                    SubjectAccessReview (cached) says the caller may impersonate
+//	withClassification  RequestInfoFactory: watch (?watch=true and /watch/ paths), list,
+//	                    group/resource/namespace/name, selectors, resourceVersion, …
+//	withAdmission       engine.Decide: stale version → 200 with one ERROR/410 event in
+//	                    the client's framing; over budget → 429 Status + Retry-After after
+//	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
+//	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass
+//
+// The upstream transport trusts the API server's CA but carries none of the
+// proxy's own credentials: the caller's Authorization and Impersonate-*
+// headers go through unchanged, so the API server authenticates and
+// authorizes the caller exactly as if it came directly. The proxy's own
+// credentials serve only its TokenReviews, SubjectAccessReviews and its
+// readiness probe of the API server.
+//
+// Watch streams are read as they pass (watchstream.go): the frames are decoded
+// on the side with apimachinery's framers, without holding the stream back; an
+// ERROR event with code 410 teaches the engine that the request's
+// resourceVersion is stale, and the end of every watch (how long it lived and
+// whether it failed) goes to engine.WatchEnded exactly once.
+//
+// Server is a controller-runtime Runnable that runs on every replica. On
+// shutdown readiness drops first; open watches are then closed one by one
+// over a grace period, so that their clients do not all reconnect to the other
+// replicas at the same instant.
+package proxy

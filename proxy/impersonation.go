@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+)
+
+// withBudgetIdentity decides whose budget a request spends. Without
+// Impersonate-* headers it is the caller's. With them it is the
+// impersonated user's — but only when auth says the caller may impersonate
+// that user and every group, extra and UID asked for, checked exactly as
+// kube-apiserver's impersonation filter checks them. Otherwise it stays the
+// caller's, and the request is forwarded all the same: the API server
+// answers 403 itself. So no caller can spend or enlarge another identity's
+// budget with headers it may not use.
+//
+// Only the classic "impersonate" verb is checked; a caller allowed only
+// constrained impersonation is charged in its own name.
+func withBudgetIdentity(auth authorizer.Authorizer, log *sampledLogger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		caller, ok := callerFrom(r.Context())
+		if !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		target, checks := impersonationRequest(caller, r.Header)
+		if target == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		for _, attrs := range checks {
+			decision, _, err := auth.Authorize(r.Context(), attrs)
+			if err != nil || decision != authorizer.DecisionAllow {
+				if err != nil {
+					log.Info("Cannot check impersonation; charging the caller", "caller", caller.GetName(), "err", err.Error())
+				}
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
+		next.ServeHTTP(w, r.WithContext(withIdentity(r.Context(), target)))
+	})
+}
+
+// impersonationRequest returns the user the headers ask to act as and the
+// checks that must all pass, or nil when the headers ask for nothing or for
+// something kube-apiserver refuses outright (groups without a user).
+func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authorizer.Attributes) {
+	name := h.Get(authenticationv1.ImpersonateUserHeader)
+	if name == "" {
+		return nil, nil
+	}
+	check := func(group, resource, subresource, namespace, name string) authorizer.Attributes {
+		return &authorizer.AttributesRecord{
+			User: caller, Verb: "impersonate", ResourceRequest: true,
+			APIGroup: group, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
+		}
+	}
+	target := &user.DefaultInfo{Name: name}
+	var checks []authorizer.Attributes
+	groupsSpecified := len(h.Values(authenticationv1.ImpersonateGroupHeader)) > 0
+	if ns, sa, err := serviceaccount.SplitUsername(name); err == nil {
+		checks = append(checks, check("", "serviceaccounts", "", ns, sa))
+		if !groupsSpecified {
+			target.Groups = serviceaccount.MakeGroupNames(ns)
+		}
+	} else {
+		checks = append(checks, check("", "users", "", "", name))
+	}
+	for _, g := range h.Values(authenticationv1.ImpersonateGroupHeader) {
+		checks = append(checks, check("", "groups", "", "", g))
+		target.Groups = append(target.Groups, g)
+	}
+	for header, values := range h {
+		if !strings.HasPrefix(header, authenticationv1.ImpersonateUserExtraHeaderPrefix) {
+			continue
+		}
+		key := strings.ToLower(header[len(authenticationv1.ImpersonateUserExtraHeaderPrefix):])
+		if k, err := url.PathUnescape(key); err == nil {
+			key = k
+		}
+		for _, v := range values {
+			checks = append(checks, check("authentication.k8s.io", "userextras", key, "", v))
+			if target.Extra == nil {
+				target.Extra = map[string][]string{}
+			}
+			target.Extra[key] = append(target.Extra[key], v)
+		}
+	}
+	if uid := h.Get(authenticationv1.ImpersonateUIDHeader); uid != "" {
+		checks = append(checks, check("authentication.k8s.io", "uids", "", "", uid))
+		target.UID = uid
+	}
+	// As kube-apiserver: a non-anonymous user is authenticated unless the
+	// groups say otherwise.
+	if name != user.Anonymous {
+		if !slices.Contains(target.Groups, user.AllAuthenticated) && !slices.Contains(target.Groups, user.AllUnauthenticated) {
+			target.Groups = append(target.Groups, user.AllAuthenticated)
+		}
+	} else if !slices.Contains(target.Groups, user.AllUnauthenticated) {
+		target.Groups = append(target.Groups, user.AllUnauthenticated)
+	}
+	return target, checks
+}
+
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// subjectAccessReviewer asks the SubjectAccessReview API, through the
+// proxy's own client, whether the attributes' user may do what they say.
+func subjectAccessReviewer(client authorizationv1client.SubjectAccessReviewInterface) authorizer.Authorizer {
+	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+		u := a.GetUser()
+		extra := map[string]authorizationv1.ExtraValue{}
+		for k, v := range u.GetExtra() {
+			extra[k] = v
+		}
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: u.GetName(), UID: u.GetUID(), Groups: u.GetGroups(), Extra: extra,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: a.GetVerb(), Group: a.GetAPIGroup(), Resource: a.GetResource(),
+				Subresource: a.GetSubresource(), Namespace: a.GetNamespace(), Name: a.GetName(),
+			},
+		}}
+		sar, err := client.Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			return authorizer.DecisionNoOpinion, "", fmt.Errorf("create SubjectAccessReview: %w", err)
+		}
+		if sar.Status.Allowed {
+			return authorizer.DecisionAllow, sar.Status.Reason, nil
+		}
+		return authorizer.DecisionDeny, sar.Status.Reason, nil
+	})
+}
+
+// authorizerAnswer is what the impersonation cache remembers.
+type authorizerAnswer struct {
+	decision authorizer.Decision
+	reason   string
+}
+
+// cachedAuthorizer wraps an authorizer with a reviewCache keyed by the
+// user's full identity and the attributes checked.
+func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
+	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+		v, err := cache.get(ctx, attributesKey(a), func(ctx context.Context) (any, time.Duration, error) {
+			d, reason, err := inner.Authorize(ctx, a)
+			if err != nil {
+				return nil, 0, err
+			}
+			if d == authorizer.DecisionAllow {
+				return authorizerAnswer{d, reason}, ttl, nil
+			}
+			return authorizerAnswer{d, reason}, negativeTTL, nil
+		})
+		if err != nil {
+			return authorizer.DecisionNoOpinion, "", err
+		}
+		ans := v.(authorizerAnswer)
+		return ans.decision, ans.reason, nil
+	})
+}
+
+// attributesKey hashes everything a SubjectAccessReview depends on.
+func attributesKey(a authorizer.Attributes) string {
+	h := sha256.New()
+	field := func(s string) { h.Write([]byte(s)); h.Write([]byte{0}) }
+	u := a.GetUser()
+	field(u.GetName())
+	field(u.GetUID())
+	groups := slices.Clone(u.GetGroups())
+	slices.Sort(groups)
+	for _, g := range groups {
+		field(g)
+	}
+	field("\x01")
+	extra := u.GetExtra()
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		field(k)
+		for _, v := range extra[k] {
+			field(v)
+		}
+		field("\x01")
+	}
+	for _, s := range []string{a.GetVerb(), a.GetAPIGroup(), a.GetResource(), a.GetSubresource(), a.GetNamespace(), a.GetName()} {
+		field(s)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,37 @@
+package proxy
+
+import (
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+)
+
+// sampledLogger logs at most a few lines per second, so that a storm of
+// requests does not become a storm of logs. Lines dropped in between are
+// counted (watchgate_proxy_logs_suppressed_total) and the next line that
+// gets through says how many were dropped. Filters log here because a
+// handler has no caller to return an error to.
+type sampledLogger struct {
+	log        logr.Logger
+	limiter    *rate.Limiter
+	suppressed atomic.Int64
+}
+
+// newSampledLogger lets perSecond lines through per second, burst at once.
+func newSampledLogger(log logr.Logger, perSecond float64, burst int) *sampledLogger {
+	return &sampledLogger{log: log, limiter: rate.NewLimiter(rate.Limit(perSecond), burst)}
+}
+
+// Info logs msg unless the rate is spent.
+func (s *sampledLogger) Info(msg string, keysAndValues ...any) {
+	if !s.limiter.Allow() {
+		s.suppressed.Add(1)
+		logsSuppressed.Inc()
+		return
+	}
+	if n := s.suppressed.Swap(0); n > 0 {
+		keysAndValues = append(keysAndValues, "suppressedSinceLast", n)
+	}
+	s.log.Info(msg, keysAndValues...)
+}

@@ -1,0 +1,185 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// Engine is the part of *ratelimit.Engine the proxy uses.
+type Engine interface {
+	Decide(now time.Time, r *ratelimit.Request) ratelimit.Decision
+	WatchEnded(now time.Time, w ratelimit.Watch, lifetime time.Duration, outcome ratelimit.Outcome)
+	StaleVersionSeen(now time.Time, group, resource, resourceVersion string)
+	Sweep(now time.Time) (evicted int)
+}
+
+// Options configure a Server. Zero durations and sizes take the defaults
+// named on each field; negative ones are invalid.
+type Options struct {
+	// BindAddress is host:port to serve HTTPS on (--proxy-bind-address);
+	// default ":8443". Port 0 picks a free port (see Server.Addr).
+	BindAddress string
+	// CertFile and KeyFile are the serving certificate and key in PEM
+	// (--tls-cert-file, --tls-private-key-file), reloaded when they change.
+	// Both empty: a self-signed pair is generated at start.
+	CertFile, KeyFile string
+	// Upstream is the API server. Its host and CA are used to forward; its
+	// credentials are used only for the proxy's own TokenReviews,
+	// SubjectAccessReviews and readiness probe, never for a forwarded
+	// request.
+	Upstream *rest.Config
+	// Engine decides every watch and list; usually a *ratelimit.Engine.
+	Engine Engine
+	// Logger receives the proxy's logs; decision logs are rate limited.
+	Logger logr.Logger
+
+	// ReadHeaderTimeout bounds how long a client may take to send request
+	// headers; default 10s.
+	ReadHeaderTimeout time.Duration
+	// MaxHeaderBytes bounds request headers; default 1 MiB.
+	MaxHeaderBytes int
+	// MaxConcurrentStreams is the HTTP/2 stream limit per client
+	// connection (each watch is a stream); default 1000, like kube-apiserver.
+	MaxConcurrentStreams int
+
+	// TokenCacheTTL is how long an authenticated token is trusted without a
+	// new TokenReview; default 2m. TokenCacheNegativeTTL is the same for a
+	// rejected token; default 10s. TokenCacheSize bounds the cache (LRU);
+	// default 32768.
+	TokenCacheTTL, TokenCacheNegativeTTL time.Duration
+	TokenCacheSize                       int
+	// ImpersonationCacheTTL and ImpersonationCacheNegativeTTL are how long
+	// an allowed or denied impersonation check (SubjectAccessReview) is
+	// remembered; defaults 1m and 10s. ImpersonationCacheSize bounds it;
+	// default 8192.
+	ImpersonationCacheTTL, ImpersonationCacheNegativeTTL time.Duration
+	ImpersonationCacheSize                               int
+	// ReviewsPerSecond and ReviewBurst bound the TokenReviews (and,
+	// separately, the SubjectAccessReviews) sent on cache misses, so that a
+	// flood of random tokens cannot become a flood of reviews: over the
+	// limit a request gets 429 with Retry-After. Defaults 50 and 100.
+	// MaxConcurrentReviews caps reviews in flight; default 16.
+	ReviewsPerSecond     float64
+	ReviewBurst          int
+	MaxConcurrentReviews int
+
+	// MaxRejectDelay bounds how long a rejected request waits before its
+	// answer (the engine's retry-after, capped), so that clients retrying at
+	// once are slowed; default 1s. MaxDelayedRejections caps rejections
+	// waiting at once; beyond it they are answered at once. Default 4096.
+	MaxRejectDelay       time.Duration
+	MaxDelayedRejections int
+
+	// ShutdownDrainDelay is how long the proxy keeps serving after
+	// readiness dropped, so that load balancers stop sending new clients;
+	// default 5s. ShutdownGracePeriod is the time over which open watches
+	// are closed one by one; default 15s. Their sum should stay below the
+	// manager's graceful shutdown timeout (30s by default).
+	ShutdownDrainDelay  time.Duration
+	ShutdownGracePeriod time.Duration
+	// SweepInterval is how often engine.Sweep runs; default 30s.
+	SweepInterval time.Duration
+	// UpstreamProbeInterval is how often readiness probes the API server's
+	// /readyz; default 10s.
+	UpstreamProbeInterval time.Duration
+
+	// The following are used for testing purposes.
+
+	// Clock is the time source for decisions; default the real clock.
+	Clock clock.Clock
+}
+
+// Validate reports every problem with the options at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Upstream == nil {
+		errs = append(errs, errors.New("upstream: required"))
+	}
+	if o.Engine == nil {
+		errs = append(errs, errors.New("engine: required"))
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		errs = append(errs, errors.New("certFile and keyFile: set both or neither"))
+	}
+	for name, d := range map[string]time.Duration{
+		"readHeaderTimeout":             o.ReadHeaderTimeout,
+		"tokenCacheTTL":                 o.TokenCacheTTL,
+		"tokenCacheNegativeTTL":         o.TokenCacheNegativeTTL,
+		"impersonationCacheTTL":         o.ImpersonationCacheTTL,
+		"impersonationCacheNegativeTTL": o.ImpersonationCacheNegativeTTL,
+		"maxRejectDelay":                o.MaxRejectDelay,
+		"shutdownDrainDelay":            o.ShutdownDrainDelay,
+		"shutdownGracePeriod":           o.ShutdownGracePeriod,
+		"sweepInterval":                 o.SweepInterval,
+		"upstreamProbeInterval":         o.UpstreamProbeInterval,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, d))
+		}
+	}
+	for name, n := range map[string]int{
+		"maxHeaderBytes":         o.MaxHeaderBytes,
+		"maxConcurrentStreams":   o.MaxConcurrentStreams,
+		"tokenCacheSize":         o.TokenCacheSize,
+		"impersonationCacheSize": o.ImpersonationCacheSize,
+		"reviewBurst":            o.ReviewBurst,
+		"maxConcurrentReviews":   o.MaxConcurrentReviews,
+		"maxDelayedRejections":   o.MaxDelayedRejections,
+	} {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", name, n))
+		}
+	}
+	if o.ReviewsPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("reviewsPerSecond: must not be negative, got %v", o.ReviewsPerSecond))
+	}
+	return errors.Join(errs...)
+}
+
+// complete returns a copy of o with every default filled in.
+func (o Options) complete() Options {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if o.BindAddress == "" {
+		o.BindAddress = ":8443"
+	}
+	def(&o.ReadHeaderTimeout, 10*time.Second)
+	defInt(&o.MaxHeaderBytes, 1<<20)
+	defInt(&o.MaxConcurrentStreams, 1000)
+	def(&o.TokenCacheTTL, 2*time.Minute)
+	def(&o.TokenCacheNegativeTTL, 10*time.Second)
+	defInt(&o.TokenCacheSize, 32768)
+	def(&o.ImpersonationCacheTTL, time.Minute)
+	def(&o.ImpersonationCacheNegativeTTL, 10*time.Second)
+	defInt(&o.ImpersonationCacheSize, 8192)
+	if o.ReviewsPerSecond == 0 {
+		o.ReviewsPerSecond = 50
+	}
+	defInt(&o.ReviewBurst, 100)
+	defInt(&o.MaxConcurrentReviews, 16)
+	def(&o.MaxRejectDelay, time.Second)
+	defInt(&o.MaxDelayedRejections, 4096)
+	def(&o.ShutdownDrainDelay, 5*time.Second)
+	def(&o.ShutdownGracePeriod, 15*time.Second)
+	def(&o.SweepInterval, 30*time.Second)
+	def(&o.UpstreamProbeInterval, 10*time.Second)
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return o
+}

@@ -1,0 +1,244 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// Server is the proxy: an HTTPS server (HTTP/2 and HTTP/1.1) in front of
+// the API server. It is a controller-runtime Runnable that runs on every
+// replica (NeedLeaderElection is false); add ReadyCheck to the manager's
+// readiness checks.
+//
+//	srv, err := proxy.NewServer(proxy.Options{...})
+//	mgr.Add(srv)
+//	mgr.AddReadyzCheck("proxy", srv.ReadyCheck)
+type Server struct {
+	opts     Options
+	log      logr.Logger
+	handler  http.Handler
+	cert     *servingCertificate
+	watches  *openWatches
+	client   kubernetes.Interface
+	errorLog *log.Logger
+
+	addr     atomic.Pointer[net.Addr]
+	draining atomic.Bool
+	// upstreamErr is the last readiness probe's result; errNotProbed
+	// until the first probe.
+	upstreamMu  sync.Mutex
+	upstreamErr error
+}
+
+var (
+	_ manager.Runnable               = (*Server)(nil)
+	_ manager.LeaderElectionRunnable = (*Server)(nil)
+)
+
+var errNotProbed = errors.New("the API server has not been probed yet")
+
+// NewServer validates opts and builds the proxy's handler chain once. It
+// does not listen; Start does.
+func NewServer(opts Options) (*Server, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid proxy options: %w", err)
+	}
+	o := opts.complete()
+	lg := o.Logger.WithName("proxy")
+
+	// The proxy's own client: TokenReviews, SubjectAccessReviews, the
+	// readiness probe. Reviews are rate limited by reviewCache, so the
+	// client's own limiter is off.
+	own := rest.CopyConfig(o.Upstream)
+	own.QPS, own.Burst = -1, -1
+	client, err := kubernetes.NewForConfig(own)
+	if err != nil {
+		return nil, fmt.Errorf("proxy client: %w", err)
+	}
+	target, transport, err := upstreamTransport(o.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := newServingCertificate(o.CertFile, o.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+
+	errorLogs := newSampledLogger(lg.WithName("http").V(1), 5, 20)
+	decisionLogs := newSampledLogger(lg.WithName("decisions"), 10, 50)
+	errorLog := log.New(logWriter{errorLogs}, "", 0)
+
+	tokens := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()),
+		newReviewCache("token", o.TokenCacheSize, o.ReviewsPerSecond, o.ReviewBurst, o.MaxConcurrentReviews, o.Clock),
+		o.TokenCacheTTL, o.TokenCacheNegativeTTL)
+	impersonation := cachedAuthorizer(subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews()),
+		newReviewCache("impersonation", o.ImpersonationCacheSize, o.ReviewsPerSecond, o.ReviewBurst, o.MaxConcurrentReviews, o.Clock),
+		o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	watches := newOpenWatches()
+	adm := &admission{
+		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
+		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
+	}
+
+	var h http.Handler = newReverseProxy(target, transport, errorLog, errorLogs)
+	h = withAdmission(adm, h)
+	h = withClassification(newRequestInfoFactory(), h)
+	h = withBudgetIdentity(impersonation, errorLogs, h)
+	h = withAuthentication(tokens, errorLogs, h)
+
+	return &Server{
+		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: client, errorLog: errorLog,
+		upstreamErr: errNotProbed,
+	}, nil
+}
+
+// NeedLeaderElection is false: every replica serves.
+func (s *Server) NeedLeaderElection() bool { return false }
+
+// Addr is the address the proxy listens on, nil before Start bound it.
+func (s *Server) Addr() net.Addr {
+	if a := s.addr.Load(); a != nil {
+		return *a
+	}
+	return nil
+}
+
+// GeneratedCertificate returns the PEM of the generated serving certificate
+// and its CA when no certificate files were given, else nil.
+func (s *Server) GeneratedCertificate() []byte { return s.cert.generatedCA }
+
+// ReadyCheck is a healthz.Checker for the manager's /readyz: ready while
+// the proxy serves, the API server's /readyz answers, and shutdown has not
+// begun.
+func (s *Server) ReadyCheck(_ *http.Request) error {
+	if s.draining.Load() {
+		return errors.New("proxy is shutting down")
+	}
+	if s.Addr() == nil {
+		return errors.New("proxy is not serving yet")
+	}
+	s.upstreamMu.Lock()
+	defer s.upstreamMu.Unlock()
+	return s.upstreamErr
+}
+
+// Start serves until ctx ends, then shuts down gracefully: readiness drops,
+// the proxy keeps serving for ShutdownDrainDelay, stops accepting
+// connections, closes open watches one by one over ShutdownGracePeriod and
+// waits for the remaining requests (at most a few more seconds).
+func (s *Server) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.opts.BindAddress)
+	if err != nil {
+		return fmt.Errorf("proxy listen on %s: %w", s.opts.BindAddress, err)
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: s.opts.ReadHeaderTimeout,
+		MaxHeaderBytes:    s.opts.MaxHeaderBytes,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          s.errorLog,
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: s.cert.getCertificate,
+		},
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: s.opts.MaxConcurrentStreams},
+	}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetHTTP2(true)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bg, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	if s.cert.watch != nil {
+		wg.Go(func() {
+			if err := s.cert.watch(bg); err != nil {
+				s.log.Error(err, "Serving certificate watcher stopped")
+			}
+		})
+	}
+	wg.Go(func() { s.sweep(bg) })
+	wg.Go(func() { s.probeUpstream(bg) })
+
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	a := ln.Addr()
+	s.addr.Store(&a)
+	s.log.Info("Serving", "address", a.String())
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("proxy serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	s.draining.Store(true)
+	s.log.Info("Shutting down", "drainDelay", s.opts.ShutdownDrainDelay, "gracePeriod", s.opts.ShutdownGracePeriod,
+		"openWatches", s.watches.len())
+	s.opts.Clock.Sleep(s.opts.ShutdownDrainDelay)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGracePeriod+5*time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(shutdownCtx) }()
+	s.watches.closeSpread(s.opts.Clock, s.opts.ShutdownGracePeriod)
+	if err := <-shut; err != nil {
+		_ = srv.Close()
+		s.log.Info("Closed connections still open after the grace period", "err", err.Error())
+	}
+	<-served
+	s.log.Info("Stopped")
+	return nil
+}
+
+// sweep runs engine.Sweep every SweepInterval.
+func (s *Server) sweep(ctx context.Context) {
+	t := time.NewTicker(s.opts.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := s.opts.Engine.Sweep(s.opts.Clock.Now()); n > 0 {
+				s.log.V(2).Info("Swept idle state", "evicted", n)
+			}
+		}
+	}
+}
+
+// probeUpstream asks the API server's /readyz, through the proxy's own
+// client, now and every UpstreamProbeInterval.
+func (s *Server) probeUpstream(ctx context.Context) {
+	t := time.NewTicker(s.opts.UpstreamProbeInterval)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := s.client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error()
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("API server not ready: %w", err)
+		}
+		s.upstreamMu.Lock()
+		s.upstreamErr = err
+		s.upstreamMu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+)
+
+// upstreamTransport returns the API server's URL and a transport that
+// trusts the API server's CA and carries nothing else of cfg: no bearer
+// token, no client certificate, no exec plugin, no impersonation. Upgrade
+// requests (exec, attach, port-forward over SPDY or WebSocket) go over
+// HTTP/1.1, everything else over HTTP/2 when the API server offers it.
+func upstreamTransport(cfg *rest.Config) (*url.URL, http.RoundTripper, error) {
+	target, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("upstream URL: %w", err)
+	}
+	caOnly := &rest.Config{Host: cfg.Host, TLSClientConfig: rest.TLSClientConfig{
+		Insecure:   cfg.Insecure,
+		ServerName: cfg.ServerName,
+		CAFile:     cfg.CAFile,
+		CAData:     cfg.CAData,
+	}}
+	tlsConfig, err := rest.TLSConfigFor(caOnly)
+	if err != nil {
+		return nil, nil, fmt.Errorf("upstream TLS: %w", err)
+	}
+	proxyFunc := http.ProxyFromEnvironment
+	if cfg.Proxy != nil {
+		proxyFunc = cfg.Proxy
+	}
+	h2 := &http.Transport{
+		Proxy:                 proxyFunc,
+		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tlsConfig,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: 0, // watches and long lists answer when they answer
+		MaxIdleConnsPerHost:   100,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		ForceAttemptHTTP2:     true,
+		// Pass Accept-Encoding and compressed bodies through untouched.
+		DisableCompression: true,
+	}
+	h1 := h2.Clone()
+	h1.ForceAttemptHTTP2 = false
+	h1.Protocols = new(http.Protocols)
+	h1.Protocols.SetHTTP1(true)
+	if h1.TLSClientConfig != nil {
+		h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	}
+	return target, upgradeAwareTransport{normal: h2, upgrade: h1}, nil
+}
+
+// upgradeAwareTransport sends upgrade requests over HTTP/1.1, the only
+// protocol where Upgrade exists.
+type upgradeAwareTransport struct {
+	normal, upgrade http.RoundTripper
+}
+
+func (t upgradeAwareTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
+		return t.upgrade.RoundTrip(r)
+	}
+	return t.normal.RoundTrip(r)
+}
+
+// forwardedHeaders are the caller's proxy headers, which Rewrite strips and
+// the proxy puts back (strip nothing but hop-by-hop headers).
+var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// newReverseProxy forwards to target through transport. Responses are
+// flushed on every write, so watch events reach the client as they come;
+// 101 Switching Protocols is handled by ReverseProxy itself. Admitted
+// watches' bodies are wrapped to learn from them (watchBody).
+func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledLogger) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			for _, h := range forwardedHeaders {
+				if v, ok := pr.In.Header[h]; ok {
+					pr.Out.Header[h] = v
+				}
+			}
+			if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+				if prior := pr.Out.Header.Get("X-Forwarded-For"); prior != "" {
+					ip = prior + ", " + ip
+				}
+				pr.Out.Header.Set("X-Forwarded-For", ip)
+			}
+		},
+		Transport:     transport,
+		FlushInterval: -1,
+		ErrorLog:      errorLog,
+		ModifyResponse: func(resp *http.Response) error {
+			ws := watchStateFrom(resp.Request.Context())
+			if ws == nil {
+				return nil
+			}
+			ws.upstreamCode.Store(int32(resp.StatusCode))
+			if resp.StatusCode != http.StatusOK {
+				return nil
+			}
+			info, inspect := streamSerializerFor(resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding"))
+			ws.body = newWatchBody(ws, resp.Body, info, inspect)
+			resp.Body = ws.body
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			ws := watchStateFrom(r.Context())
+			if ws != nil {
+				ws.transportErr.Store(true)
+			}
+			switch {
+			case ws != nil && ws.stopped.Load():
+				e := apierrors.NewServiceUnavailable("watchgate is shutting down, please try again")
+				e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+				writeStatus(w, r, e)
+			case errors.Is(err, http.ErrAbortHandler), r.Context().Err() != nil:
+				// The client left; nobody to answer.
+			default:
+				logs.Info("Cannot reach the API server", "method", r.Method, "path", r.URL.Path, "err", err.Error())
+				e := apierrors.NewServiceUnavailable("the API server is unreachable through watchgate, please try again")
+				e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+				writeStatus(w, r, e)
+			}
+		},
+	}
+}
+
+// logWriter turns the standard library's log lines (http.Server,
+// ReverseProxy) into sampled logr lines.
+type logWriter struct{ logs *sampledLogger }
+
+func (l logWriter) Write(p []byte) (int, error) {
+	l.logs.Info("HTTP", "message", strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// openWatches is the set of watches this replica forwards, so that shutdown
+// can close them one by one. It is safe for concurrent use.
+type openWatches struct {
+	mu      sync.Mutex
+	set     map[*watchState]struct{}
+	closing bool
+}
+
+func newOpenWatches() *openWatches {
+	return &openWatches{set: map[*watchState]struct{}{}}
+}
+
+// add registers ws; it returns false once closing began (the watch must
+// then not be forwarded).
+func (o *openWatches) add(ws *watchState) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closing {
+		return false
+	}
+	o.set[ws] = struct{}{}
+	return true
+}
+
+func (o *openWatches) remove(ws *watchState) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.set, ws)
+}
+
+func (o *openWatches) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.set)
+}
+
+// closeSpread refuses new watches and closes the open ones evenly over
+// grace (the first at once), so that their clients reconnect to the other
+// replicas as a trickle rather than a storm. It returns when the last one
+// was told to stop.
+func (o *openWatches) closeSpread(clk clock.Clock, grace time.Duration) {
+	o.mu.Lock()
+	o.closing = true
+	list := make([]*watchState, 0, len(o.set))
+	for ws := range o.set {
+		list = append(list, ws)
+	}
+	o.mu.Unlock()
+	if len(list) == 0 {
+		return
+	}
+	interval := grace / time.Duration(len(list))
+	for i, ws := range list {
+		if i > 0 && interval > 0 {
+			clk.Sleep(interval)
+		}
+		ws.stop()
+	}
+}
