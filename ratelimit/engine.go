@@ -220,7 +220,7 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	d := Decision{Allowed: true, Budget: cfg.Name, Enforcement: cfg.Enforcement}
 	sh := bs.shardFor(e.hashSeed, r.User)
 	if cfg.Enforcement == Exempt {
-		sh.decisions[idxAllowed].Add(1)
+		sh.exempt.Add(1)
 		return d
 	}
 
@@ -260,7 +260,7 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 			notify = true
 		}
 	}
-	sh.decisions[reasonIndex(d.Reason)].Add(1)
+	sh.decisions[reasonIndex(d.Reason)]++
 	sh.mu.Unlock()
 
 	if notify {

@@ -43,10 +43,11 @@ type shard struct {
 	keys int64 // guarded by mu
 	// open counts admitted, unreleased watches.
 	open int64 // guarded by mu
-	// decisions counts by reasonIndex; atomic so exempt decisions need no
-	// lock.
-	decisions [numReasons]atomic.Int64
-	_         [64]byte // keep shards on separate cache lines
+	// decisions counts by reasonIndex.
+	decisions [numReasons]int64 // guarded by mu
+	// exempt counts decisions of an Exempt budget, which take no lock.
+	exempt atomic.Int64
+	_      [64]byte // keep shards on separate cache lines
 }
 
 // identity is one user's state under one budget. Its fields are guarded by

@@ -28,6 +28,9 @@ type staleMemory struct {
 }
 
 type staleShard struct {
+	// n is len(seen), readable without the lock: most shards hold no
+	// stale version most of the time, and then a lookup takes no lock.
+	n  atomic.Int32
 	mu sync.RWMutex
 	// seen is when each version was last reported stale, UnixNano.
 	seen map[staleKey]int64 // guarded by mu
@@ -69,6 +72,7 @@ func (e *Engine) StaleVersionSeen(now time.Time, group, resource, resourceVersio
 			return
 		}
 		k = staleKey{strings.Clone(group), strings.Clone(resource), strings.Clone(resourceVersion)}
+		sh.n.Add(1)
 	}
 	sh.seen[k] = max(sh.seen[k], now.UnixNano())
 }
@@ -79,6 +83,9 @@ func (m *staleMemory) has(now time.Time, group, resource, rv string, memory time
 		return false
 	}
 	sh := m.shard(rv)
+	if sh.n.Load() == 0 {
+		return false
+	}
 	sh.mu.RLock()
 	seen, ok := sh.seen[staleKey{group, resource, rv}]
 	sh.mu.RUnlock()
@@ -95,6 +102,7 @@ func (m *staleMemory) sweep(now time.Time, memory time.Duration) (evicted int) {
 		for k, seen := range sh.seen {
 			if ns-seen >= int64(memory) {
 				delete(sh.seen, k)
+				sh.n.Add(-1)
 				evicted++
 			}
 		}

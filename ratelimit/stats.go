@@ -44,24 +44,25 @@ func (e *Engine) Stats() map[string]BudgetStats {
 			sh.mu.Lock()
 			st.ActiveWatches += sh.open
 			st.TrackedIdentities += int64(len(sh.ids))
+			for j := range counts {
+				counts[j] += sh.decisions[j]
+			}
+			counts[idxAllowed] += sh.exempt.Load()
 			for _, id := range sh.ids {
 				if id.rejections > 0 {
 					st.TopOffenders = addOffender(st.TopOffenders, Offender{id.user, id.rejections})
 				}
 			}
 			sh.mu.Unlock()
-			for j := range counts {
-				counts[j] += sh.decisions[j].Load()
-			}
 		}
 		sh := &bs.overflow
 		sh.mu.Lock()
 		st.ActiveWatches += sh.open
-		sh.mu.Unlock()
 		for j := range counts {
-			counts[j] += sh.decisions[j].Load()
+			counts[j] += sh.decisions[j]
 			st.Decisions[reasonsByIndex[j]] = counts[j]
 		}
+		sh.mu.Unlock()
 		out[bs.name] = st
 	}
 	return out

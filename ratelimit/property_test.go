@@ -1,0 +1,332 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// The budget every random timeline is checked against, and a DryRun one
+// for the user "dreamer" so that its paths run too.
+var (
+	propertyBudget = Budget{
+		Name:          "enforced",
+		Precedence:    2,
+		Limits:        Limits{WatchOpensPerMinute: 30, WatchBurst: 4, MaxConcurrentWatches: 3, InitialStateCost: 2, ListsPerMinute: 60, ListBurst: 2},
+		Backoff:       Backoff{Initial: 500 * ms, Max: 8 * s, ShortWatch: s, ResetAfter: 5 * s},
+		StaleVersions: StaleVersions{Memory: 3 * s},
+	}
+	dreamerBudget = Budget{
+		Name:        "dry",
+		Precedence:  1,
+		Enforcement: DryRun,
+		Subjects:    []Subject{{Kind: User, Name: "dreamer"}},
+		Limits:      Limits{WatchOpensPerMinute: 6, WatchBurst: 1, MaxConcurrentWatches: 1},
+		Backoff:     Backoff{Initial: s, Max: 2 * s, ShortWatch: s},
+	}
+)
+
+var (
+	users      = []string{"alice", "bob", "dreamer"}
+	namespaces = []string{"default", "kube-system"}
+	versions   = []string{"", "0", "100", "200"}
+)
+
+// admission is one admitted watch, as the timeline saw it.
+type admission struct {
+	at   time.Time
+	cost float64
+	user string
+	w    Watch
+}
+
+// runTimeline drives an engine with the operations encoded in ops (3 bytes
+// each) and fails t when an invariant breaks:
+//   - admitted watch tokens in any window W never exceed burst + rate·W;
+//   - open watches never exceed MaxConcurrentWatches (Enforce);
+//   - every backoff delay is within [Initial, Max], and so is RetryAfter;
+//   - a watch asks for a version reported stale within Memory exactly when
+//     it is rejected as stale;
+//   - the engine's open-watch count matches the timeline's;
+//   - rejected means not allowed in Enforce, and allowed in DryRun.
+//
+// It returns the engine's decision counts.
+func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
+	e := NewEngine(Options{MaxTrackedKeys: 6, IdleAfter: 10 * s, Seed: 7})
+	p := mustPolicy(t, propertyBudget, dreamerBudget)
+	now := t0
+	e.SetPolicy(now, p)
+
+	var (
+		admitted []admission
+		open     []admission // not yet ended
+		ended    []Watch
+		stale    = map[string]time.Time{}
+		openBy   = map[string]int{}
+	)
+	perSecond := float64(propertyBudget.Limits.WatchOpensPerMinute) / 60
+	burst := float64(propertyBudget.Limits.WatchBurst)
+	bo := propertyBudget.Backoff
+
+	for len(ops) >= 3 {
+		op, a, b := ops[0], int(ops[1]), int(ops[2])
+		ops = ops[3:]
+		switch op % 8 {
+		case 0: // time passes
+			now = now.Add(time.Duration(a*b) * 2 * ms)
+		case 1, 2: // a watch
+			r := &Request{
+				User: users[a%len(users)], Verb: VerbWatch, Resource: "pods",
+				Namespace:       namespaces[b%len(namespaces)],
+				ResourceVersion: versions[(b>>1)%len(versions)],
+			}
+			r.SendInitialEvents = b&8 != 0
+			d := e.Decide(now, r)
+			budget := propertyBudget
+			if r.User == "dreamer" {
+				budget = dreamerBudget
+			}
+			if d.Budget != budget.Name {
+				t.Fatalf("budget %q, want %q", d.Budget, budget.Name)
+			}
+			if d.Reason != "" && d.Allowed != (budget.Enforcement == DryRun) || d.Reason == "" && !d.Allowed {
+				t.Fatalf("%s: allowed=%v with reason %q", budget.Enforcement, d.Allowed, d.Reason)
+			}
+			if d.Reason != "" && d.Reason != ReasonStaleResourceVersion && d.RetryAfter <= 0 {
+				t.Fatalf("reason %q with RetryAfter %s", d.Reason, d.RetryAfter)
+			}
+			if d.Reason == ReasonBackingOff && d.RetryAfter > budget.Backoff.Max {
+				t.Fatalf("backing off %s, more than max %s", d.RetryAfter, budget.Backoff.Max)
+			}
+			seen, isStale := stale[r.ResourceVersion]
+			isStale = isStale && now.Sub(seen) < budget.StaleVersions.Memory && budget.StaleVersions.Action != StalePass
+			if isStale != (d.Reason == ReasonStaleResourceVersion) {
+				t.Fatalf("at %s rv %q seen stale at %s: reason %q", now.Sub(t0), r.ResourceVersion, seen.Sub(t0), d.Reason)
+			}
+			if d.Allowed != d.Watch.Valid() {
+				t.Fatalf("allowed=%v but Watch.Valid()=%v", d.Allowed, d.Watch.Valid())
+			}
+			if !d.Allowed {
+				break
+			}
+			cost := 1.0
+			if r.initialState() {
+				cost = float64(budget.Limits.InitialStateCost)
+			}
+			if d.Reason != "" {
+				cost = 0 // dry run: admitted without tokens
+			}
+			ad := admission{now, cost, r.User, d.Watch}
+			open = append(open, ad)
+			openBy[r.User]++
+			if budget.Enforcement == Enforce {
+				admitted = append(admitted, ad)
+				if n := openBy[r.User]; n > int(budget.Limits.MaxConcurrentWatches) {
+					t.Fatalf("%s holds %d watches, cap %d", r.User, n, budget.Limits.MaxConcurrentWatches)
+				}
+			}
+		case 3: // a watch ends
+			if len(open) == 0 {
+				break
+			}
+			i := a % len(open)
+			ad := open[i]
+			open = append(open[:i], open[i+1:]...)
+			openBy[ad.user]--
+			lifetime := min(now.Sub(ad.at), time.Duration(b)*50*ms)
+			outcome := OutcomeClosed
+			if b%5 == 0 {
+				outcome = OutcomeError
+			}
+			e.WatchEnded(now, ad.w, lifetime, outcome)
+			ended = append(ended, ad.w)
+			if ad.user != "dreamer" {
+				checkBackoff(t, e, ad.w, now, lifetime, outcome, bo)
+			}
+		case 4: // a watch is released again
+			if len(ended) > 0 {
+				e.WatchEnded(now, ended[a%len(ended)], 0, OutcomeError)
+			}
+		case 5: // the API server says a version is too old
+			rv := versions[a%len(versions)]
+			e.StaleVersionSeen(now, "", "pods", rv)
+			if rv != "" && rv != "0" {
+				stale[rv] = now
+			}
+		case 6: // a list
+			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: "pods"})
+		case 7: // housekeeping
+			if a%2 == 0 {
+				e.Sweep(now)
+			} else {
+				e.SetPolicy(now, mustPolicy(t, propertyBudget, dreamerBudget))
+			}
+		}
+
+		var engineOpen int64
+		for _, st := range e.Stats() {
+			engineOpen += st.ActiveWatches
+		}
+		if engineOpen != int64(len(open)) {
+			t.Fatalf("engine counts %d open watches, the timeline %d", engineOpen, len(open))
+		}
+	}
+
+	checkWindows(t, admitted, perSecond, burst)
+	counts := map[Reason]int64{}
+	for _, st := range e.Stats() {
+		for r, n := range st.Decisions {
+			counts[r] += n
+		}
+	}
+	return counts
+}
+
+// checkBackoff checks what the end of w, just reported, did to the
+// backoff of its key.
+func checkBackoff(t *testing.T, e *Engine, w Watch, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
+	t.Helper()
+	sh := w.id.sh
+	sh.mu.Lock()
+	st, ok := w.id.backoff[w.key]
+	spill := w.id == sh.spill
+	sh.mu.Unlock()
+	switch {
+	case lifetime >= bo.ResetAfter:
+		if ok {
+			t.Fatalf("a watch that lived %s left backoff %+v", lifetime, st)
+		}
+	case outcome == OutcomeError || lifetime < bo.ShortWatch:
+		if !ok {
+			if !spill && e.keys.Load() < int64(e.opts.MaxTrackedKeys) {
+				t.Fatalf("a failure below the key cap was not recorded")
+			}
+			return
+		}
+		if d := time.Duration(st.until - now.UnixNano()); d < bo.Initial || d > bo.Max {
+			t.Fatalf("backoff %s after %d failures, outside [%s, %s]", d, st.failures, bo.Initial, bo.Max)
+		}
+	}
+}
+
+// checkWindows checks that in every window of admissions per user the
+// tokens taken stay within burst + rate·window.
+func checkWindows(t *testing.T, admitted []admission, perSecond, burst float64) {
+	t.Helper()
+	byUser := map[string][]admission{}
+	for _, ad := range admitted {
+		byUser[ad.user] = append(byUser[ad.user], ad)
+	}
+	for user, ads := range byUser {
+		for i := range ads {
+			var sum float64
+			for j := i; j < len(ads); j++ {
+				sum += ads[j].cost
+				window := ads[j].at.Sub(ads[i].at).Seconds()
+				if limit := burst + perSecond*window + 1e-9; sum > limit {
+					t.Fatalf("%s took %.2f tokens in %.3fs, more than %.2f", user, sum, window, limit)
+				}
+			}
+		}
+	}
+}
+
+func TestBackoffDelayBounds(t *testing.T) {
+	bo := Backoff{Initial: 300 * ms, Max: 7 * s}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		n := int32(1 + r.IntN(80))
+		jitter := r.Float64()
+		d := backoffDelay(bo, n, jitter, r.Float64())
+		if d < bo.Initial || d > bo.Max {
+			t.Fatalf("backoffDelay(n=%d, jitter=%.2f) = %s, outside [%s, %s]", n, jitter, d, bo.Initial, bo.Max)
+		}
+	}
+	for n, want := range map[int32]time.Duration{1: 300 * ms, 2: 600 * ms, 3: 1200 * ms, 5: 4800 * ms, 6: 7 * s, 1 << 30: 7 * s} {
+		if got := backoffDelay(bo, n, 0, 0.5); got != want {
+			t.Errorf("backoffDelay(n=%d) without jitter = %s, want %s", n, got, want)
+		}
+	}
+}
+
+// TestJitterSpreadsClients checks that keys failing at the same instant get
+// different delays, all within bounds, and that a Seed makes them
+// reproducible.
+func TestJitterSpreadsClients(t *testing.T) {
+	delays := func(seed uint64) []time.Duration {
+		e := NewEngine(Options{Seed: seed})
+		e.SetPolicy(t0, mustPolicy(t, Budget{Name: "b", Backoff: Backoff{Initial: s, Max: time.Minute, ShortWatch: s}}))
+		var out []time.Duration
+		for i := range 20 {
+			r := watch()
+			r.User = fmt.Sprint("u", i)
+			e.WatchEnded(t0, e.Decide(t0, r).Watch, 0, OutcomeError)
+			e.WatchEnded(t0.Add(s), e.Decide(t0.Add(s), r).Watch, 0, OutcomeError)
+			e.WatchEnded(t0.Add(3*s), e.Decide(t0.Add(3*s), r).Watch, 0, OutcomeError)
+			d := e.Decide(t0.Add(3*s), r)
+			if d.Reason != ReasonBackingOff || d.RetryAfter < s || d.RetryAfter > 4*s {
+				t.Fatalf("third failure: %+v, want backing off within [1s, 4s]", d)
+			}
+			out = append(out, d.RetryAfter)
+		}
+		return out
+	}
+	a, b := delays(42), delays(42)
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Errorf("same seed, different delays:\n%v\n%v", a, b)
+	}
+	distinct := map[time.Duration]bool{}
+	for _, d := range a {
+		distinct[d] = true
+	}
+	if len(distinct) < 10 {
+		t.Errorf("20 clients share %d delays: %v", len(distinct), a)
+	}
+}
+
+// TestRandomTimelines checks the invariants of runTimeline on random
+// timelines.
+func TestRandomTimelines(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	seen := map[Reason]int64{}
+	n := 300
+	if testing.Short() {
+		n = 30
+	}
+	for i := range n {
+		ops := make([]byte, 3*(50+r.IntN(400)))
+		for j := range ops {
+			ops[j] = byte(r.Uint32())
+		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			for r, n := range runTimeline(t, ops) {
+				seen[r] += n
+			}
+		})
+	}
+	// The timelines must reach every decision, or they prove little.
+	for _, r := range reasonsByIndex {
+		if seen[r] == 0 {
+			t.Errorf("no timeline reached %q: %v", r, seen)
+		}
+	}
+	t.Logf("decisions: %v", seen)
+}
+
+// FuzzEngine drives random request/end sequences against the invariants of
+// runTimeline. The seed corpus makes `go test` run it as a unit test.
+func FuzzEngine(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{1, 0, 4, 1, 0, 4, 1, 0, 4, 1, 0, 4, 1, 0, 4}) // a burst of watches
+	f.Add([]byte{1, 0, 4, 3, 0, 0, 0, 10, 10, 1, 0, 4, 3, 0, 0, 1, 0, 4})
+	f.Add([]byte{5, 2, 0, 1, 0, 4, 0, 50, 50, 1, 0, 4}) // stale, then forgotten
+	f.Add([]byte{1, 2, 0, 1, 2, 0, 3, 0, 0, 4, 0, 0, 1, 2, 0})
+	f.Add([]byte{1, 0, 0, 7, 0, 0, 0, 255, 255, 7, 0, 0, 1, 1, 0, 7, 1, 0, 1, 0, 4})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 3*2000 {
+			ops = ops[:3*2000]
+		}
+		runTimeline(t, ops)
+	})
+}
