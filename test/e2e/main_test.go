@@ -1,0 +1,227 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	dto "github.com/prometheus/client_model/go"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/cert"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/watchgate/watchgate/proxy"
+	"github.com/watchgate/watchgate/ratelimit"
+	"github.com/watchgate/watchgate/test/apiserver"
+)
+
+var env *apiserver.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(apiserver.Main(m, apiserver.Options{StaleVersions: true}, &env))
+}
+
+// testProxy is a proxy.Server serving in front of the test bed.
+type testProxy struct {
+	*proxy.Server
+	Engine *ratelimit.Engine
+	URL    string
+	CA     []byte
+	stop   func()
+}
+
+// generous governs everyone with limits no test reaches, and rejects stale
+// versions locally.
+func generous(name string, precedence int32) ratelimit.Budget {
+	return ratelimit.Budget{
+		Name:        name,
+		Precedence:  precedence,
+		Enforcement: ratelimit.Enforce,
+		Limits: ratelimit.Limits{
+			WatchOpensPerMinute: 60000, WatchBurst: 10000, MaxConcurrentWatches: 10000,
+		},
+		StaleVersions: ratelimit.StaleVersions{Action: ratelimit.StaleReject, Memory: 10 * time.Minute},
+	}
+}
+
+// startProxy starts a proxy with a fresh engine holding budgets, waits until
+// it is ready and stops it when the test ends.
+func startProxy(t *testing.T, budgets ...ratelimit.Budget) *testProxy {
+	t.Helper()
+	dir := t.TempDir()
+	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
+	policy, err := ratelimit.NewPolicy(budgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine.SetPolicy(time.Now(), policy)
+	srv, err := proxy.NewServer(proxy.Options{
+		BindAddress:         "127.0.0.1:0",
+		CertFile:            certFile,
+		KeyFile:             keyFile,
+		Upstream:            env.Config,
+		Engine:              engine,
+		Logger:              testLogger(),
+		ShutdownDrainDelay:  time.Millisecond,
+		ShutdownGracePeriod: 1500 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	p := &testProxy{Server: srv, Engine: engine, CA: certPEM}
+	stopped := false
+	p.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("proxy stopped with: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("proxy did not stop within 30s")
+		}
+	}
+	t.Cleanup(p.stop)
+	deadline := time.Now().Add(30 * time.Second)
+	for srv.ReadyCheck(nil) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy not ready: %v", srv.ReadyCheck(nil))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.URL = "https://" + srv.Addr().String()
+	return p
+}
+
+// Config returns a client config that reaches the API server through the
+// proxy with token, in JSON or (protobuf true) protobuf.
+func (p *testProxy) Config(token string, protobuf bool) *rest.Config {
+	cfg := env.ConfigFor(token, p.URL, p.CA)
+	if protobuf {
+		cfg.ContentType = "application/vnd.kubernetes.protobuf"
+		cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	}
+	return cfg
+}
+
+// rawGet sends GET path with the token and extra headers to the proxy
+// (p non-nil) or directly to the API server, and returns the response
+// with its body read (at most 1 MiB) and closed.
+func rawGet(t *testing.T, p *testProxy, token, path string, headers map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	var cfg *rest.Config
+	if p != nil {
+		cfg = p.Config(token, false)
+	} else {
+		cfg = env.ConfigFor(token, "", nil)
+	}
+	client, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp, body
+}
+
+// proxyMetric sums the proxy's metric family over the series whose labels
+// include match.
+func proxyMetric(t *testing.T, family string, match map[string]string) float64 {
+	t.Helper()
+	fams, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
+	}
+	return apiserver.Sum(byName, family, match)
+}
+
+// eventually polls cond every 100ms until it is true or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, lastErr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// serviceAccount creates a service account whose rules allow rules.
+func serviceAccount(t *testing.T, namespace, name string, rules ...rbacv1.PolicyRule) apiserver.ServiceAccount {
+	t.Helper()
+	ctx := context.Background()
+	sa, err := env.ServiceAccount(ctx, namespace, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) > 0 {
+		if err := env.Grant(ctx, sa, rules...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sa
+}
+
+func readWatch(resources ...string) rbacv1.PolicyRule {
+	return rbacv1.PolicyRule{APIGroups: []string{""}, Resources: resources, Verbs: []string{"get", "list", "watch"}}
+}
+
+func testLogger() logr.Logger {
+	if os.Getenv("WATCHGATE_TEST_LOG") == "" {
+		return logr.Discard()
+	}
+	return funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: 2})
+}
