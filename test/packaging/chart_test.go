@@ -50,12 +50,12 @@ func TestValuesSchemaRejectsTypos(t *testing.T) {
 		want string // in helm's error
 	}{
 		"an unknown top-level key (replicas for replicaCount)": {"replicas=2", "replicas"},
-		"an unknown nested key":                                 {"service.sessionAfinity.enabled=false", "sessionAfinity"},
-		"an unknown key inside a budget":                        {"defaultBudget.limits.watchesPerMinute=10", "watchesPerMinute"},
-		"a string where a number belongs":                       {"replicaCount=two", "replicaCount"},
-		"a value outside its enum":                              {"defaultBudget.enforcement=Enforced", "enforcement"},
-		"a number outside its bounds":                           {"defaultBudget.precedence=0", "precedence"},
-		"a malformed duration":                                  {"certManager.duration=90d", "duration"},
+		"an unknown nested key":                                {"service.sessionAfinity.enabled=false", "sessionAfinity"},
+		"an unknown key inside a budget":                       {"defaultBudget.limits.watchesPerMinute=10", "watchesPerMinute"},
+		"a string where a number belongs":                      {"replicaCount=two", "replicaCount"},
+		"a value outside its enum":                             {"defaultBudget.enforcement=Enforced", "enforcement"},
+		"a number outside its bounds":                          {"defaultBudget.precedence=0", "precedence"},
+		"a malformed duration":                                 {"certManager.duration=90d", "duration"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

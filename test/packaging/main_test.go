@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/test/apiserver"
 )
@@ -54,6 +56,7 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build helm from hack/tools/go.mod: %v\n%s", err, out)
 		return 1
 	}
+	ctrllog.SetLogger(logr.Discard())
 	return apiserver.Main(m, apiserver.Options{}, &env)
 }
 
@@ -146,4 +149,11 @@ func readFile(t *testing.T, rel string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

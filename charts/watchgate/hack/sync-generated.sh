@@ -11,10 +11,13 @@
 # the CRD is wrapped in `crds.enabled`. test/packaging fails when the copies
 # are stale: run this script (make manifests does) after changing the API
 # types or an RBAC marker.
+#
+# Usage: sync-generated.sh [output folder, default the chart's templates/]
 set -euo pipefail
 
 chart=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 root=$(cd "$chart/../.." && pwd)
+out=${1:-$chart/templates}
 crd=$root/config/crd/bases/watchgate.io_watchbudgets.yaml
 role=$root/config/rbac/role.yaml
 
@@ -53,7 +56,7 @@ metadata:
 HEADER
   tail_from "$crd" "spec:"
   echo '{{- end }}'
-} >"$chart/templates/crd-watchbudgets.yaml"
+} >"$out/crd-watchbudgets.yaml"
 
 {
   cat <<'HEADER'
@@ -69,4 +72,4 @@ metadata:
 HEADER
   tail_from "$role" "rules:"
   echo '{{- end }}'
-} >"$chart/templates/clusterrole.yaml"
+} >"$out/clusterrole.yaml"

@@ -1,0 +1,150 @@
+package packaging
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// TestChartCopiesOfGeneratedFilesAreFresh runs
+// charts/watchgate/hack/sync-generated.sh into a temporary folder and
+// compares its output with the chart's templates byte for byte: a change to
+// the API types or an RBAC marker (make manifests) must be synced into the
+// chart.
+func TestChartCopiesOfGeneratedFilesAreFresh(t *testing.T) {
+	out := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), filepath.Join(chart, "hack", "sync-generated.sh"), out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sync-generated.sh: %v\n%s", err, b)
+	}
+	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml"} {
+		want, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readFile(t, "charts/watchgate/templates/"+name); got != string(want) {
+			t.Errorf("charts/watchgate/templates/%s is stale: run charts/watchgate/hack/sync-generated.sh", name)
+		}
+	}
+}
+
+// TestChartCRDIsTheGeneratedCRD renders the chart and compares its CRD with
+// config/crd/bases: the spec is the same text, byte for byte, and the same
+// object once parsed; the chart only adds labels and the keep annotation.
+func TestChartCRDIsTheGeneratedCRD(t *testing.T) {
+	generated := readFile(t, "config/crd/bases/watchgate.io_watchbudgets.yaml")
+	rendered := render(t, "watchgate", "watchgate-system", "--show-only", "templates/crd-watchbudgets.yaml")
+
+	if a, b := specText(t, generated), specText(t, rendered); a != b {
+		t.Errorf("the spec of the chart's CRD differs from config/crd/bases (%d vs %d bytes)", len(b), len(a))
+	}
+	var gen, ren map[string]any
+	if err := yaml.Unmarshal([]byte(generated), &gen); err != nil {
+		t.Fatal(err)
+	}
+	crd := find(t, decode(t, rendered), "CustomResourceDefinition", "watchbudgets.watchgate.io")
+	ren = crd.Object
+	if !reflect.DeepEqual(gen["spec"], ren["spec"]) {
+		t.Error("the chart's CRD spec does not parse to config/crd/bases' spec")
+	}
+	if got := crd.GetAnnotations()["helm.sh/resource-policy"]; got != "keep" {
+		t.Errorf("CRD annotation helm.sh/resource-policy = %q, want keep (uninstall must not delete every WatchBudget)", got)
+	}
+	if got := crd.GetLabels()["app.kubernetes.io/name"]; got != "watchgate" {
+		t.Errorf("CRD label app.kubernetes.io/name = %q, want the chart's standard labels", got)
+	}
+
+	// And crds.enabled=false leaves it out.
+	if all := render(t, "watchgate", "watchgate-system", "--set", "crds.enabled=false"); strings.Contains(all, "kind: CustomResourceDefinition") {
+		t.Error("crds.enabled=false still renders the CRD")
+	}
+	// crds.keep=false drops the annotation.
+	noKeep := render(t, "watchgate", "watchgate-system", "--set", "crds.keep=false", "--show-only", "templates/crd-watchbudgets.yaml")
+	if strings.Contains(noKeep, "resource-policy") {
+		t.Error("crds.keep=false still renders helm.sh/resource-policy")
+	}
+}
+
+// specText is everything from the line "spec:" up to the end of the
+// document.
+func specText(t *testing.T, manifest string) string {
+	t.Helper()
+	_, after, ok := strings.Cut(manifest, "\nspec:\n")
+	if !ok {
+		t.Fatalf("no spec in\n%s", manifest)
+	}
+	before, _, _ := strings.Cut(after, "\n---")
+	return strings.TrimRight(before, "\n")
+}
+
+// TestChartRBACIsTheGeneratedRBAC renders the chart and compares its
+// ClusterRole's rules with config/rbac/role.yaml (rendered by controller-gen
+// from the code's markers): exactly the same rules, so that the chart grants
+// what the code uses and nothing more. The only other permission, the
+// leader-election Lease, is a Role in the release namespace.
+func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
+	var role map[string]any
+	if err := yaml.Unmarshal([]byte(readFile(t, "config/rbac/role.yaml")), &role); err != nil {
+		t.Fatal(err)
+	}
+	objs := decode(t, render(t, "watchgate", "watchgate-system"))
+	cr := find(t, objs, "ClusterRole", "watchgate-manager")
+	if !reflect.DeepEqual(role["rules"], cr.Object["rules"]) {
+		t.Errorf("chart ClusterRole rules differ from config/rbac/role.yaml:\nchart: %v\nconfig: %v", cr.Object["rules"], role["rules"])
+	}
+
+	// What the design says the code needs; a marker that disappears is a bug
+	// in the code or in this list.
+	for _, need := range []struct{ group, resource, verb string }{
+		{"authentication.k8s.io", "tokenreviews", "create"},
+		{"authorization.k8s.io", "subjectaccessreviews", "create"},
+		{"watchgate.io", "watchbudgets", "watch"},
+		{"watchgate.io", "watchbudgets/status", "patch"},
+		{"", "events", "create"},
+	} {
+		if !allows(cr.Object["rules"], need.group, need.resource, need.verb) {
+			t.Errorf("ClusterRole does not allow %s %s.%s", need.verb, need.resource, need.group)
+		}
+	}
+	le := find(t, objs, "Role", "watchgate-leader-election")
+	if le.GetNamespace() != "watchgate-system" || !allows(le.Object["rules"], "coordination.k8s.io", "leases", "update") {
+		t.Errorf("leader-election Role: want leases in the release namespace, got %v in %q", le.Object["rules"], le.GetNamespace())
+	}
+	for _, o := range objs {
+		if o.GetKind() == "ClusterRole" && o.GetName() != "watchgate-manager" {
+			t.Errorf("unexpected ClusterRole %s", o.GetName())
+		}
+	}
+	binding := find(t, objs, "ClusterRoleBinding", "watchgate-manager")
+	subjects, _ := binding.Object["subjects"].([]any)
+	if len(subjects) != 1 || subjects[0].(map[string]any)["name"] != "watchgate" || subjects[0].(map[string]any)["namespace"] != "watchgate-system" {
+		t.Errorf("ClusterRoleBinding subjects = %v, want the chart's ServiceAccount", subjects)
+	}
+}
+
+// allows reports whether one of the rules grants verb on group/resource.
+func allows(rules any, group, resource, verb string) bool {
+	list, _ := rules.([]any)
+	for _, r := range list {
+		rule, _ := r.(map[string]any)
+		if has(rule["apiGroups"], group) && has(rule["resources"], resource) && has(rule["verbs"], verb) {
+			return true
+		}
+	}
+	return false
+}
+
+func has(list any, s string) bool {
+	l, _ := list.([]any)
+	for _, v := range l {
+		if v == s || v == "*" {
+			return true
+		}
+	}
+	return false
+}
