@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/watchgate/watchgate/test/apiserver"
+)
+
+var env *apiserver.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(apiserver.Main(m, apiserver.Options{
+		CRDDirectoryPaths: []string{filepath.Join(apiserver.RepoRoot(), "config", "crd", "bases")},
+	}, &env))
+}
+
+func TestRunFailsWithOneLineErrors(t *testing.T) {
+	unreachable := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(unreachable, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+users: [{name: u, user: {token: x}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		args []string
+		want []string
+	}{
+		"a kubeconfig that does not exist": {
+			args: []string{"--kubeconfig", "/does/not/exist"},
+			want: []string{"load --kubeconfig /does/not/exist"},
+		},
+		"an API server nobody answers at": {
+			args: []string{"--kubeconfig", unreachable, "--upstream-check-timeout", "2s"},
+			want: []string{"API server https://127.0.0.1:1 unreachable"},
+		},
+		"every bad flag at once": {
+			args: []string{"--tls-cert-file", "c.pem", "--proxy-bind-address", "8443", "--shutdown-grace-period", "1h"},
+			want: []string{"--tls-cert-file and --tls-private-key-file must be set together", `--proxy-bind-address "8443"`, "--shutdown-grace-period 1h0m0s"},
+		},
+		"an unknown flag": {
+			args: []string{"--proxy-bind", ":1"},
+			want: []string{"flag provided but not defined: -proxy-bind"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := run(ctx, tc.args)
+			if err == nil {
+				t.Fatal("run succeeded, want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans several lines: %q", err)
+			}
+		})
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func get(t *testing.T, c *http.Client, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRunServesProbesMetricsAndTheProxy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sa, err := env.ServiceAccount(ctx, "main-test", "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Grant(ctx, sa, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	proxyAddr, metricsAddr, probeAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, []string{
+			"--kubeconfig", env.Kubeconfig,
+			"--proxy-bind-address", proxyAddr,
+			"--metrics-bind-address", metricsAddr,
+			"--health-probe-bind-address", probeAddr,
+			"--pod-name", "main-test-0",
+			"--shutdown-grace-period", "1s",
+		})
+	}()
+	plain := &http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := get(t, plain, "http://"+probeAddr+"/readyz", "")
+		if code == http.StatusOK {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned before it was ready: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz not ready within 60s: %d %s", code, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if code, body := get(t, plain, "http://"+probeAddr+"/healthz", ""); code != http.StatusOK {
+		t.Errorf("/healthz = %d %s, want 200", code, body)
+	}
+
+	// The proxy forwards the caller's own token: the service account may
+	// list ConfigMaps in its namespace and nothing else.
+	insecure := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	base := "https://" + proxyAddr
+	if code, body := get(t, insecure, base+"/api/v1/namespaces/main-test/configmaps", sa.Token); code != http.StatusOK || !strings.Contains(body, `"kind":"ConfigMapList"`) {
+		t.Errorf("list through the proxy = %d %.200s, want 200 and a ConfigMapList", code, body)
+	}
+	if code, _ := get(t, insecure, base+"/api/v1/secrets", sa.Token); code != http.StatusForbidden {
+		t.Errorf("listing secrets through the proxy = %d, want 403 (the proxy must not lend its own rights)", code)
+	}
+	if code, _ := get(t, insecure, base+"/api/v1/namespaces/main-test/configmaps", ""); code != http.StatusUnauthorized {
+		t.Errorf("no token through the proxy = %d, want 401", code)
+	}
+
+	code, metrics := get(t, plain, "http://"+metricsAddr+"/metrics", "")
+	if code != http.StatusOK || !strings.Contains(metrics, "watchgate_") {
+		t.Errorf("/metrics = %d, want 200 with watchgate_ metrics; got %.300s", code, metrics)
+	}
+
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run after cancel = %v, want a clean shutdown", err)
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatal("run did not return within 45s of cancel")
+	}
+}
