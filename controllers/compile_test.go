@@ -1,0 +1,164 @@
+package controllers
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+func TestToBudgetConverts(t *testing.T) {
+	wb := &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "dashboard"},
+		Spec: v1alpha1.WatchBudgetSpec{
+			Precedence:  500,
+			Enforcement: v1alpha1.EnforcementDryRun,
+			Subjects: []v1alpha1.Subject{
+				{Kind: v1alpha1.SubjectKindGroup, Name: "dashboard-users"},
+				{Kind: v1alpha1.SubjectKindServiceAccount, Name: "agent-*", Namespace: "cattle-*"},
+			},
+			Resources: []v1alpha1.ResourceRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Namespaces: []string{"team-a"}}},
+			Limits: v1alpha1.Limits{
+				WatchOpensPerMinute: ptr.To[int32](120), WatchBurst: ptr.To[int32](10), MaxConcurrentWatches: ptr.To[int32](50),
+				InitialStateCost: ptr.To[int32](2), ListsPerMinute: ptr.To[int32](30), ListBurst: ptr.To[int32](5),
+			},
+			Backoff: v1alpha1.Backoff{
+				InitialDelaySeconds: ptr.To[int32](2), MaxDelaySeconds: ptr.To[int32](40),
+				ShortWatchSeconds: ptr.To[int32](5), ResetAfterSeconds: ptr.To[int32](300),
+			},
+			StaleVersions: v1alpha1.StaleVersions{Action: v1alpha1.StaleActionPass, MemorySeconds: ptr.To[int32](60)},
+		},
+	}
+	got, err := ToBudget(wb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ratelimit.Budget{
+		Name: "dashboard", Precedence: 500, Enforcement: ratelimit.DryRun,
+		Subjects: []ratelimit.Subject{
+			{Kind: ratelimit.Group, Name: "dashboard-users"},
+			{Kind: ratelimit.ServiceAccount, Name: "agent-*", Namespace: "cattle-*"},
+		},
+		Resources:     []ratelimit.ResourceRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Namespaces: []string{"team-a"}}},
+		Limits:        ratelimit.Limits{WatchOpensPerMinute: 120, WatchBurst: 10, MaxConcurrentWatches: 50, InitialStateCost: 2, ListsPerMinute: 30, ListBurst: 5},
+		Backoff:       ratelimit.Backoff{Initial: 2 * time.Second, Max: 40 * time.Second, ShortWatch: 5 * time.Second, ResetAfter: 300 * time.Second},
+		StaleVersions: ratelimit.StaleVersions{Action: ratelimit.StalePass, Memory: time.Minute},
+	}
+	if !equalBudgets(got, want) {
+		t.Errorf("ToBudget:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// An object that bypassed the API server's defaulting means what the CRD's
+// defaults say.
+func TestToBudgetDefaultsUnsetFields(t *testing.T) {
+	got, err := ToBudget(&v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: "empty"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ratelimit.Budget{
+		Name: "empty", Precedence: 1000, Enforcement: ratelimit.Enforce,
+		Limits:        ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1, ListBurst: 10},
+		Backoff:       ratelimit.Backoff{Initial: time.Second, Max: time.Minute, ShortWatch: 10 * time.Second, ResetAfter: 2 * time.Minute},
+		StaleVersions: ratelimit.StaleVersions{Action: ratelimit.StaleReject, Memory: 15 * time.Minute},
+	}
+	if !equalBudgets(got, want) {
+		t.Errorf("ToBudget:\n got %+v\nwant %+v", got, want)
+	}
+	if _, err := ratelimit.NewPolicy([]ratelimit.Budget{got}); err != nil {
+		t.Errorf("the defaults do not make a valid policy: %v", err)
+	}
+}
+
+func TestToBudgetRejects(t *testing.T) {
+	for name, tc := range map[string]struct {
+		spec v1alpha1.WatchBudgetSpec
+		want string
+	}{
+		"a max delay below the initial delay": {
+			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{InitialDelaySeconds: ptr.To[int32](10), MaxDelaySeconds: ptr.To[int32](5)}},
+			want: "backoff.maxDelaySeconds: must be at least initialDelaySeconds (10)",
+		},
+		"a zero burst with a rate": {
+			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](10), WatchBurst: ptr.To[int32](0)}},
+			want: "limits.watchBurst: must be at least 1 when watchOpensPerMinute is set",
+		},
+		"an initial-state cost above the burst": {
+			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{WatchBurst: ptr.To[int32](2), InitialStateCost: ptr.To[int32](3)}},
+			want: "limits.initialStateCost: must not exceed watchBurst (2)",
+		},
+		"a zero list burst with a list rate": {
+			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{ListsPerMinute: ptr.To[int32](10), ListBurst: ptr.To[int32](0)}},
+			want: "limits.listBurst: must be at least 1 when listsPerMinute is set",
+		},
+		"a reset shorter than a short watch": {
+			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{ShortWatchSeconds: ptr.To[int32](60), ResetAfterSeconds: ptr.To[int32](30)}},
+			want: "backoff.resetAfterSeconds: must be at least shortWatchSeconds (60)",
+		},
+		"a precedence out of range": {
+			spec: v1alpha1.WatchBudgetSpec{Precedence: 20000},
+			want: "precedence: must be between 1 and 10000, not 20000",
+		},
+		"an unknown enforcement": {
+			spec: v1alpha1.WatchBudgetSpec{Enforcement: "Sometimes"},
+			want: `enforcement: unsupported value "Sometimes"`,
+		},
+		"a star inside a name": {
+			spec: v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "a*b"}}},
+			want: "subjects[0].name: '*' is allowed only as the last character",
+		},
+		"a service account without namespace": {
+			spec: v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindServiceAccount, Name: "agent"}}},
+			want: "subjects[0].namespace: required for kind ServiceAccount",
+		},
+		"a user with a namespace": {
+			spec: v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "alice", Namespace: "x"}}},
+			want: "subjects[0].namespace: not allowed for kind User",
+		},
+		"a negative memory": {
+			spec: v1alpha1.WatchBudgetSpec{StaleVersions: v1alpha1.StaleVersions{MemorySeconds: ptr.To[int32](-1)}},
+			want: "staleVersions.memorySeconds: must be between 1 and 86400, not -1",
+		},
+		"every problem at once, on one line": {
+			spec: v1alpha1.WatchBudgetSpec{Precedence: -1, Enforcement: "Nope"},
+			want: `precedence: must be between 1 and 10000, not -1; enforcement: unsupported value "Nope"`,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ToBudget(&v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: tc.spec})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ToBudget error = %v, want one containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans lines, a condition message wants one: %q", err)
+			}
+		})
+	}
+}
+
+func TestCompileLeavesInvalidBudgetsOut(t *testing.T) {
+	c := Compile([]v1alpha1.WatchBudget{
+		{ObjectMeta: metav1.ObjectMeta{Name: "good", Generation: 3}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "bad", Generation: 7}, Spec: v1alpha1.WatchBudgetSpec{Enforcement: "Nope"}},
+	})
+	if len(c.Budgets) != 1 || c.Budgets[0].Name != "good" {
+		t.Errorf("Budgets = %+v, want only good", c.Budgets)
+	}
+	if c.Generations["good"] != 3 || len(c.Generations) != 1 {
+		t.Errorf("Generations = %v, want good: 3", c.Generations)
+	}
+	if c.Invalid["bad"] == nil || len(c.Invalid) != 1 {
+		t.Errorf("Invalid = %v, want bad", c.Invalid)
+	}
+	if _, err := ratelimit.NewPolicy(c.Budgets); err != nil {
+		t.Errorf("NewPolicy(valid budgets) = %v", err)
+	}
+}
+
+func equalBudgets(a, b ratelimit.Budget) bool { return reflect.DeepEqual(a, b) }
