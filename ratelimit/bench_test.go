@@ -53,6 +53,7 @@ func BenchmarkDecide(b *testing.B) {
 			now := t0
 			e.Decide(now, &r)
 			b.ReportAllocs()
+			cpu := cpuTime()
 			for b.Loop() {
 				now = now.Add(10 * time.Millisecond)
 				d := e.Decide(now, &r)
@@ -61,6 +62,7 @@ func BenchmarkDecide(b *testing.B) {
 				}
 				e.WatchEnded(now, d.Watch, 10*time.Minute, OutcomeClosed)
 			}
+			reportCPU(b, cpu)
 		})
 	}
 }
@@ -72,6 +74,8 @@ func BenchmarkDecideParallel(b *testing.B) {
 	e := benchEngine(b)
 	var next atomic.Int64
 	b.ReportAllocs()
+	cpu := cpuTime()
+	defer reportCPU(b, cpu)
 	b.RunParallel(func(pb *testing.PB) {
 		r := benchRequest(fmt.Sprint("system:serviceaccount:team-a:agent-", next.Add(1)), VerbWatch)
 		now := t0
@@ -119,4 +123,12 @@ func BenchmarkIdentityMemory(b *testing.B) {
 		runtime.KeepAlive(e)
 	}
 	b.ReportMetric(perIdentity, "B/identity")
+}
+
+// reportCPU reports the CPU time used since cpu per op, as cpu-ns/op.
+func reportCPU(b *testing.B, cpu time.Duration) {
+	if cpu == 0 || b.N == 0 {
+		return
+	}
+	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
 }
