@@ -87,19 +87,34 @@ func kustomizeDefault(t *testing.T, component string) string {
 	return out
 }
 
-var prerequisites sync.Once
+var (
+	prerequisites sync.Once
+	// firstInstall is the output of the first `helm install` of the test
+	// binary, NOTES included.
+	firstInstall string
+)
+
+// Where installPrerequisites installs the chart for real.
+const (
+	releaseName      = "watchgate"
+	releaseNamespace = "helm-install"
+)
 
 // installPrerequisites installs, for real and once per test binary, the
-// chart's WatchBudget CRD and the stand-in CRDs of cert-manager and the
-// Prometheus Operator, and waits until they are served.
+// chart itself with `helm upgrade --install` (its CRD is what the
+// WatchBudgets of the other tests validate against) and the stand-in CRDs
+// of cert-manager and the Prometheus Operator, and waits until they are
+// served. The test bed runs no kubelet, so no pod starts; every object is
+// created and validated all the same.
 func installPrerequisites(t *testing.T) {
 	t.Helper()
 	var failed error
 	prerequisites.Do(func() {
-		crd := render(t, "watchgate", "default", "--show-only", "templates/crd-watchbudgets.yaml")
-		stubs := readFile(t, "test/packaging/testdata/stub-crds.yaml")
-		if _, err := kubectl(t, crd+"\n---\n"+stubs, "apply", "--server-side", "-f", "-"); err != nil {
-			failed = err
+		firstInstall, failed = helm(t, "upgrade", "--install", releaseName, chart, "--namespace", releaseNamespace, "--create-namespace", "--timeout=2m")
+		if failed != nil {
+			return
+		}
+		if _, failed = kubectl(t, readFile(t, "test/packaging/testdata/stub-crds.yaml"), "apply", "--server-side", "-f", "-"); failed != nil {
 			return
 		}
 		_, failed = kubectl(t, "", "wait", "--for=condition=Established", "--timeout=60s",

@@ -1,0 +1,120 @@
+package packaging
+
+import (
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"strings"
+	"testing"
+)
+
+// TestHelmInstallUpgradeUninstall drives the chart's life cycle through a
+// real Helm release on the test API server: the first install (CRD as a
+// template, WatchBudgets from the post-install hook once the CRD exists),
+// NOTES.txt, an upgrade that keeps the generated certificate clients
+// already trust, and an uninstall that keeps the CRD and the budgets.
+func TestHelmInstallUpgradeUninstall(t *testing.T) {
+	installPrerequisites(t)
+	for _, want := range []string{
+		"STATUS: deployed",
+		"https://watchgate.helm-install.svc:443",
+		"kubectl get watchbudgets",
+		"X-Watchgate-Decision",
+		`"watchgate-default" is DryRun`,
+	} {
+		if !strings.Contains(firstInstall, want) {
+			t.Errorf("helm install output lacks %q:\n%s", want, firstInstall)
+		}
+	}
+
+	// The budgets the hook created: the catch-all rejects nothing.
+	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "DryRun" {
+		t.Errorf("watchgate-default enforcement = %q, want DryRun", got)
+	}
+	if got := kubectlOK(t, "get", "wb", "watchgate-exempt", "-o", "jsonpath={.spec.enforcement}/{.spec.subjects[0].name}"); got != "Exempt/system:masters" {
+		t.Errorf("watchgate-exempt = %q, want Exempt/system:masters", got)
+	}
+
+	// The generated serving certificate is signed by the CA in the same
+	// Secret, for the Service's DNS names.
+	cert := secretKey(t, "tls.crt")
+	verifyServingCert(t, cert, secretKey(t, "ca.crt"), "watchgate.helm-install.svc")
+
+	// An upgrade that changes a budget keeps the certificate (looked up,
+	// not regenerated) and re-creates the budget from the values.
+	out, err := helm(t, "upgrade", releaseName, chart, "--namespace", releaseNamespace, "--reuse-values", "--set", "defaultBudget.enforcement=Enforce", "--timeout=2m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"watchgate-default" is Enforce`) {
+		t.Errorf("helm upgrade NOTES do not show the new enforcement:\n%s", out)
+	}
+	if got := secretKey(t, "tls.crt"); got != cert {
+		t.Error("helm upgrade replaced the generated certificate; clients trusting the old CA would break")
+	}
+	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "Enforce" {
+		t.Errorf("after upgrade, watchgate-default enforcement = %q, want Enforce", got)
+	}
+
+	// Uninstall removes the workload but keeps the CRD, and with it every
+	// WatchBudget.
+	if _, err := helm(t, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout=2m"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubectl(t, "", "get", "deployment", "watchgate", "-n", releaseNamespace); err == nil {
+		t.Errorf("the Deployment survived helm uninstall: %s", out)
+	}
+	kubectlOK(t, "get", "crd", "watchbudgets.watchgate.io")
+	kubectlOK(t, "get", "wb", "watchgate-default")
+
+	// Installing again adopts the kept CRD (a later test binary run, or an
+	// operator reinstalling).
+	if _, err := helm(t, "install", releaseName, chart, "--namespace", releaseNamespace, "--timeout=2m"); err != nil {
+		t.Fatalf("reinstall over the kept CRD: %v", err)
+	}
+	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "DryRun" {
+		t.Errorf("after reinstall, watchgate-default enforcement = %q, want DryRun", got)
+	}
+}
+
+func kubectlOK(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := kubectl(t, "", args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// secretKey returns a key of the release's TLS Secret, PEM-decoded from
+// base64.
+func secretKey(t *testing.T, key string) string {
+	t.Helper()
+	b64 := kubectlOK(t, "get", "secret", "watchgate-tls", "-n", releaseNamespace, "-o", "jsonpath={.data."+strings.ReplaceAll(key, ".", `\.`)+"}")
+	b, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		t.Fatalf("secret key %s: %v", key, err)
+	}
+	return string(b)
+}
+
+// verifyServingCert checks that certPEM chains to caPEM and is valid for
+// server authentication as dnsName.
+func verifyServingCert(t *testing.T, certPEM, caPEM, dnsName string) {
+	t.Helper()
+	block, _ := pem.Decode([]byte(certPEM))
+	if block == nil {
+		t.Fatalf("tls.crt is not PEM:\n%s", certPEM)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM([]byte(caPEM)) {
+		t.Fatalf("ca.crt is not PEM:\n%s", caPEM)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{DNSName: dnsName, Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("serving certificate does not verify for %s: %v", dnsName, err)
+	}
+}
