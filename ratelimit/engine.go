@@ -294,9 +294,23 @@ func (id *identity) checkWatch(now time.Time, r *Request, cfg *Budget) (Reason, 
 	return ReasonNone, 0
 }
 
-// WatchEnded releases w's slot and learns from how the watch ended: see
-// Backoff. lifetime is how long the watch was open; outcome how it ended.
-// Releasing the zero Watch, or a Watch already released, does nothing.
+// WatchEnded releases w's slot and learns from how the watch ended, after
+// lifetime, with outcome. Releasing the zero Watch, or a Watch already
+// released, does nothing, so it is safe to call from every path that may
+// end a watch.
+//
+// With the budget's Backoff enabled, for the watch's key:
+//   - a watch that lived at least ResetAfter clears the backoff, however it
+//     ended (a long-lived watch that finally errors, typically 410 after a
+//     compaction, is healthy); with ResetAfter 0, any non-failure clears it;
+//   - otherwise a watch that ended with OutcomeError, or sooner than
+//     ShortWatch, is a failure: the n-th consecutive failure rejects the
+//     key's watches with ReasonBackingOff for
+//     max(Initial, d − 0.2·u·d), d = min(Max, Initial·2^(n-1)), u uniform
+//     in [0, 1) — always within [Initial, Max]. With Initial 1s, Max 5m,
+//     a client whose watches die within a second waits about 1s, 2s, 4s,
+//     … then 5m;
+//   - otherwise nothing changes.
 func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outcome Outcome) {
 	if w.slot == nil || !w.slot.gen.CompareAndSwap(w.gen, w.gen+1) {
 		return

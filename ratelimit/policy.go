@@ -48,10 +48,11 @@ type Subject struct {
 	Namespace string // ServiceAccount only
 }
 
-// ResourceRule selects requests by API group, resource and namespace. An
-// empty list, or one holding "*", matches everything. The core group is "".
-// Namespaces: "" in the list matches cluster-scoped and all-namespace
-// requests.
+// ResourceRule selects requests by API group, resource and namespace: a
+// request matches when all three lists match. An empty list, or one holding
+// "*", matches everything; an entry ending in '*' is a prefix ("team-*").
+// The core group is "". Namespaces: "" in the list matches cluster-scoped
+// and all-namespace requests, which no other entry but "*" matches.
 type ResourceRule struct {
 	APIGroups  []string
 	Resources  []string
@@ -70,33 +71,41 @@ type Limits struct {
 	MaxConcurrentWatches int32
 	// InitialStateCost is the number of tokens a watch that asks for initial
 	// state (no resourceVersion, "0", or sendInitialEvents=true) takes, since
-	// it costs the server a LIST; 0 is taken as 1.
+	// it costs the server a LIST; 0 is taken as 1. At most WatchBurst, or
+	// such a watch could never be admitted.
 	InitialStateCost int32
 	// ListsPerMinute refills the list bucket; 0 means lists are not budgeted.
 	ListsPerMinute int32
-	// ListBurst is the list bucket's size.
+	// ListBurst is the list bucket's size; at least 1 when lists are
+	// budgeted.
 	ListBurst int32
 }
 
-// Backoff configures the per-watch-key exponential backoff. A zero Initial
-// disables it.
+// Backoff configures the per-watch-key exponential backoff (key: identity ×
+// group/resource × namespace × label and field selectors). A zero Initial
+// disables it. The delay after the n-th consecutive failure is
+// min(Max, Initial·2^(n-1)), of which the last 20% is jitter, never below
+// Initial; see Engine.WatchEnded.
 type Backoff struct {
 	// Initial is the delay after the first failure.
 	Initial time.Duration
-	// Max caps the delay.
+	// Max caps the delay; at least Initial.
 	Max time.Duration
 	// ShortWatch: a watch that ends sooner than this, or with an error, is a
 	// failure.
 	ShortWatch time.Duration
 	// ResetAfter: a watch that lived at least this long clears the key's
-	// backoff.
+	// backoff, however it ended. 0 means any watch that is not a failure
+	// clears it.
 	ResetAfter time.Duration
 }
 
 // StaleVersions configures the stale-resourceVersion memory.
 type StaleVersions struct {
+	// Action is StaleReject when empty.
 	Action StaleAction
-	// Memory is how long a stale version is remembered.
+	// Memory is how long a stale version is remembered; 0 disables the
+	// memory for this budget (every watch goes to the server).
 	Memory time.Duration
 }
 
@@ -110,7 +119,8 @@ type Budget struct {
 	// Subjects the budget governs; empty means every authenticated identity.
 	Subjects []Subject
 	// Resources the budget governs; empty means all.
-	Resources     []ResourceRule
+	Resources []ResourceRule
+	// Enforcement is Enforce when empty.
 	Enforcement   Enforcement
 	Limits        Limits
 	Backoff       Backoff
