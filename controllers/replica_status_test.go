@@ -1,0 +1,150 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/controllers"
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// Two replicas write their own entries concurrently; neither loses the
+// other's, the sums add both up, and a replica that stops takes its entry
+// with it.
+func TestTwoReplicasWriteTheirOwnEntries(t *testing.T) {
+	a := startReplica(t, replicaOptions{Options: controllers.Options{PodName: "replica-a"}})
+	b := startReplica(t, replicaOptions{Options: controllers.Options{PodName: "replica-b"}})
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "two-replicas"},
+		Spec: v1alpha1.WatchBudgetSpec{
+			Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "two-replicas-*"}},
+			Limits:   v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](1), WatchBurst: ptr.To[int32](1)},
+		},
+	})
+	for _, r := range []*replica{a, b} {
+		eventually(t, reloadDeadline, "the budget reaches both engines", func() error {
+			_, err := policyBudget(r.engine, "two-replicas")
+			return err
+		})
+	}
+	watch := func(user string) *ratelimit.Request {
+		return &ratelimit.Request{User: user, Verb: ratelimit.VerbWatch, Resource: "pods", Namespace: "default", ResourceVersion: "5"}
+	}
+	now := time.Now()
+	if d := a.engine.Decide(now, watch("two-replicas-alice")); !d.Allowed || !d.Watch.Valid() {
+		t.Fatalf("alice's first watch on a: %+v", d)
+	}
+	if d := a.engine.Decide(now, watch("two-replicas-alice")); d.Reason != ratelimit.ReasonRateLimited {
+		t.Fatalf("alice's second watch on a: %+v, want RateLimited", d)
+	}
+	bobs := b.engine.Decide(now, watch("two-replicas-bob"))
+	if !bobs.Allowed || !bobs.Watch.Valid() {
+		t.Fatalf("bob's watch on b: %+v", bobs)
+	}
+
+	wantA := entry{active: 1, identities: 1, decisions: map[string]int64{"Allowed": 1, "RateLimited": 1}, recent: 1, offenders: []v1alpha1.Offender{{User: "two-replicas-alice", Rejections: 1}}}
+	eventually(t, 5*time.Second, "both entries and their sums", statusIs("two-replicas", map[string]entry{
+		"replica-a": wantA,
+		"replica-b": {active: 1, identities: 1, decisions: map[string]int64{"Allowed": 1}},
+	}, 2, 1))
+
+	// b's figures change; a's entry is untouched.
+	b.engine.WatchEnded(time.Now(), bobs.Watch, time.Hour, ratelimit.OutcomeClosed)
+	eventually(t, 5*time.Second, "b's new figures beside a's", statusIs("two-replicas", map[string]entry{
+		"replica-a": wantA,
+		"replica-b": {active: 0, identities: 1, decisions: map[string]int64{"Allowed": 1}},
+	}, 1, 1))
+
+	// b stops cleanly: its entry goes, a's stays.
+	b.stop()
+	eventually(t, 5*time.Second, "only a's entry once b stopped", statusIs("two-replicas", map[string]entry{"replica-a": wantA}, 1, 1))
+}
+
+// The leader prunes entries of pods that no longer exist, and only those.
+func TestPrunerRemovesEntriesOfGonePods(t *testing.T) {
+	ctx := context.Background()
+	const ns = "watchgate-prune"
+	if _, err := env.ServiceAccount(ctx, ns, "default"); err != nil { // creates the namespace too
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "replica-live"},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{{Name: "watchgate", Image: "watchgate:test"}},
+		},
+	}
+	if err := admin.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+
+	startReplica(t, replicaOptions{Options: controllers.Options{PodName: "replica-live", Namespace: ns, PruneInterval: 100 * time.Millisecond}})
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "prune"},
+		Spec:       v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "prune-*"}}},
+	})
+	live := entry{}
+	eventually(t, 5*time.Second, "the live replica's entry", statusIs("prune", map[string]entry{"replica-live": live}, 0, 0))
+
+	// A replica that crashed left its entry behind, under its own field
+	// manager, as it would have written it.
+	ghost := map[string]any{"pod": "replica-ghost", "activeWatches": int64(7), "lastUpdateTime": time.Now().UTC().Format(time.RFC3339)}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "WatchBudget",
+		"metadata": map[string]any{"name": "prune"},
+		"status":   map[string]any{"replicas": []any{ghost}},
+	}}
+	if err := admin.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("watchgate-replica-replica-ghost"), client.ForceOwnership); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the ghost's entry pruned, the live one kept", statusIs("prune", map[string]entry{"replica-live": live}, 0, 0))
+}
+
+// entry is what a test expects of a replica's status entry.
+type entry struct {
+	active, identities, recent int64
+	decisions                  map[string]int64
+	offenders                  []v1alpha1.Offender
+}
+
+// statusIs checks a budget's replica entries (exactly these pods) and sums.
+func statusIs(name string, want map[string]entry, active, recent int64) func() error {
+	return func() error {
+		var wb v1alpha1.WatchBudget
+		if err := admin.Get(context.Background(), client.ObjectKey{Name: name}, &wb); err != nil {
+			return err
+		}
+		st := wb.Status
+		if len(st.Replicas) != len(want) {
+			return fmt.Errorf("%d entries, want %d: %+v", len(st.Replicas), len(want), st.Replicas)
+		}
+		for _, r := range st.Replicas {
+			w, ok := want[r.Pod]
+			if !ok {
+				return fmt.Errorf("unexpected entry %+v", r)
+			}
+			got := entry{active: r.ActiveWatches, identities: r.TrackedIdentities, recent: r.RecentRejections, decisions: r.Decisions, offenders: r.TopOffenders}
+			if fmt.Sprint(got) != fmt.Sprint(w) {
+				return fmt.Errorf("entry of %s = %+v, want %+v", r.Pod, got, w)
+			}
+			if r.ObservedGeneration != wb.Generation || r.LastUpdateTime.IsZero() {
+				return fmt.Errorf("entry of %s: observedGeneration %d (object at %d), lastUpdateTime %v", r.Pod, r.ObservedGeneration, wb.Generation, r.LastUpdateTime)
+			}
+		}
+		if st.ActiveWatches != active || st.RecentRejections != recent {
+			return fmt.Errorf("sums = %d active, %d recent rejections; want %d, %d", st.ActiveWatches, st.RecentRejections, active, recent)
+		}
+		return nil
+	}
+}
