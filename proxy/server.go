@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -93,16 +95,20 @@ func NewServer(opts Options) (*Server, error) {
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
 	}
 
-	var h http.Handler = newReverseProxy(target, transport, errorLog, errorLogs)
-	h = withAdmission(adm, h)
-	h = withClassification(newRequestInfoFactory(), h)
-	h = withBudgetIdentity(impersonation, errorLogs, h)
-	h = withAuthentication(tokens, errorLogs, h)
-
+	h := chain(tokens, impersonation, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: client, errorLog: errorLog,
 		upstreamErr: errNotProbed,
 	}, nil
+}
+
+// chain builds the filter chain, once: authenticate, find the budget
+// identity, classify, admit, forward.
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
+	h := withAdmission(adm, forward)
+	h = withClassification(newRequestInfoFactory(), h)
+	h = withBudgetIdentity(impersonation, logs, h)
+	return withAuthentication(tokens, logs, h)
 }
 
 // NeedLeaderElection is false: every replica serves.

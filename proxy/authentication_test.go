@@ -1,0 +1,161 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestAuthentication(t *testing.T) {
+	for name, tc := range map[string]struct {
+		header   string
+		auth     authenticator.Token
+		wantCode int
+		wantUser string
+	}{
+		"no Authorization header gets 401 unforwarded":  {header: "", auth: testTokens, wantCode: 401},
+		"basic auth is not a bearer token":              {header: "Basic YWxpY2U6cHc=", auth: testTokens, wantCode: 401},
+		"an unknown token gets 401 unforwarded":         {header: "Bearer nope", auth: testTokens, wantCode: 401},
+		"a known token reaches the next filter":         {header: "Bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
+		"the scheme is case-insensitive":                {header: "bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
+		"throttled reviews get 429 with Retry-After":    {header: "Bearer alice", auth: failingTokens(errReviewsThrottled), wantCode: 429},
+		"a review that fails gets 503 with Retry-After": {header: "Bearer alice", auth: failingTokens(errors.New("boom")), wantCode: 503},
+		"an oversized token is rejected without review": {header: "Bearer " + string(make([]byte, maxTokenBytes+1)), auth: failingTokens(errors.New("reviewed")), wantCode: 401},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var got string
+			h := withAuthentication(tc.auth, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				u, _ := callerFrom(r.Context())
+				got = u.GetName()
+			}))
+			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+			if tc.header != "" {
+				req.Header.Set("Authorization", tc.header)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tc.wantCode || got != tc.wantUser {
+				t.Fatalf("HTTP %d, user %q; want %d, %q", rec.Code, got, tc.wantCode, tc.wantUser)
+			}
+			if tc.wantCode == 200 {
+				if req.Header.Get("Authorization") != tc.header {
+					t.Errorf("Authorization header changed to %q", req.Header.Get("Authorization"))
+				}
+				return
+			}
+			var s metav1.Status
+			if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil || s.Kind != "Status" || int(s.Code) != tc.wantCode {
+				t.Errorf("body %q is not a Status with code %d", rec.Body, tc.wantCode)
+			}
+			if tc.wantCode != 401 && rec.Header().Get("Retry-After") != "1" {
+				t.Errorf("Retry-After = %q, want 1", rec.Header().Get("Retry-After"))
+			}
+		})
+	}
+}
+
+func failingTokens(err error) authenticator.Token {
+	return authenticator.TokenFunc(func(context.Context, string) (*authenticator.Response, bool, error) { return nil, false, err })
+}
+
+// countingTokens accepts "good" and counts reviews.
+type countingTokens struct {
+	calls   atomic.Int64
+	release chan struct{} // when set, reviews wait for it
+}
+
+func (c *countingTokens) AuthenticateToken(_ context.Context, token string) (*authenticator.Response, bool, error) {
+	c.calls.Add(1)
+	if c.release != nil {
+		<-c.release
+	}
+	return testTokens.AuthenticateToken(context.Background(), map[string]string{"good": "alice"}[token])
+}
+
+func TestTokenCache(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ctx := context.Background()
+
+	t.Run("a good and a bad token are each reviewed once per TTL", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(t0)
+		inner := &countingTokens{}
+		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 10, 4, clk), time.Minute, 10*time.Second)
+		for range 5 {
+			if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
+				t.Fatalf("good token: %v %v", ok, err)
+			}
+			if _, ok, err := auth.AuthenticateToken(ctx, "bad"); ok || err != nil {
+				t.Fatalf("bad token: %v %v", ok, err)
+			}
+		}
+		if n := inner.calls.Load(); n != 2 {
+			t.Fatalf("reviews = %d, want 2", n)
+		}
+		clk.Step(11 * time.Second) // the bad token's answer expired, the good one's not
+		_, _, _ = auth.AuthenticateToken(ctx, "good")
+		_, _, _ = auth.AuthenticateToken(ctx, "bad")
+		if n := inner.calls.Load(); n != 3 {
+			t.Fatalf("reviews after 11s = %d, want 3", n)
+		}
+	})
+
+	t.Run("a flood of random tokens costs at most the review burst", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
+		inner := &countingTokens{}
+		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 20, 4, clk), time.Minute, 10*time.Second)
+		throttled := 0
+		for i := range 1000 {
+			_, ok, err := auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
+			switch {
+			case errors.Is(err, errReviewsThrottled):
+				throttled++
+			case ok || err != nil:
+				t.Fatalf("random token: %v %v", ok, err)
+			}
+		}
+		if n := inner.calls.Load(); n != 20 || throttled != 980 {
+			t.Fatalf("reviews = %d, throttled = %d; want 20, 980", n, throttled)
+		}
+	})
+
+	t.Run("concurrent requests with one token share one review", func(t *testing.T) {
+		inner := &countingTokens{release: make(chan struct{})}
+		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 10, 4, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Go(func() {
+				if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
+					t.Errorf("good token: %v %v", ok, err)
+				}
+			})
+		}
+		time.Sleep(50 * time.Millisecond) // let them pile up on the flight; not an assertion
+		close(inner.release)
+		wg.Wait()
+		if n := inner.calls.Load(); n != 1 {
+			t.Fatalf("reviews = %d, want 1", n)
+		}
+	})
+
+	t.Run("a caller that leaves does not wait for the review", func(t *testing.T) {
+		inner := &countingTokens{release: make(chan struct{})}
+		defer close(inner.release)
+		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 10, 4, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		if _, _, err := auth.AuthenticateToken(cctx, "good"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want the caller's deadline", err)
+		}
+	})
+}

@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// fakeEngine decides with decide (allow everything when nil) and records
+// what the proxy told it.
+type fakeEngine struct {
+	decide func(*ratelimit.Request) ratelimit.Decision
+
+	mu       sync.Mutex
+	requests []ratelimit.Request
+	ended    []ratelimit.Outcome
+	stale    []string // "group/resource@rv"
+}
+
+func (e *fakeEngine) Decide(_ time.Time, r *ratelimit.Request) ratelimit.Decision {
+	e.mu.Lock()
+	e.requests = append(e.requests, *r)
+	e.mu.Unlock()
+	if e.decide == nil {
+		return ratelimit.Decision{Allowed: true}
+	}
+	return e.decide(r)
+}
+
+func (e *fakeEngine) WatchEnded(_ time.Time, _ ratelimit.Watch, _ time.Duration, o ratelimit.Outcome) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ended = append(e.ended, o)
+}
+
+func (e *fakeEngine) StaleVersionSeen(_ time.Time, group, resource, rv string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stale = append(e.stale, group+"/"+resource+"@"+rv)
+}
+
+func (e *fakeEngine) Sweep(time.Time) int { return 0 }
+
+func (e *fakeEngine) snapshot() (requests []ratelimit.Request, ended []ratelimit.Outcome, stale []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.requests), slices.Clone(e.ended), slices.Clone(e.stale)
+}
+
+// waitEnded waits (at most 5s) until n watches ended and returns their outcomes.
+func (e *fakeEngine) waitEnded(t *testing.T, n int) []ratelimit.Outcome {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, ended, _ := e.snapshot()
+		if len(ended) >= n || time.Now().After(deadline) {
+			return ended
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var (
+	alice = &user.DefaultInfo{Name: "alice", Groups: []string{"dev", user.AllAuthenticated}}
+	agent = &user.DefaultInfo{Name: "system:serviceaccount:agents:agent", Groups: []string{"system:serviceaccounts", user.AllAuthenticated}}
+)
+
+// testTokens knows two tokens: "alice" and "agent".
+var testTokens = authenticator.TokenFunc(func(_ context.Context, token string) (*authenticator.Response, bool, error) {
+	switch token {
+	case "alice":
+		return &authenticator.Response{User: alice}, true, nil
+	case "agent":
+		return &authenticator.Response{User: agent}, true, nil
+	}
+	return nil, false, nil
+})
+
+// testImpersonation lets the agent impersonate the user bob, the group dev
+// and the extra scopes=view; nobody else may impersonate anything.
+var testImpersonation = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+	if a.GetUser().GetName() != agent.Name || a.GetVerb() != "impersonate" {
+		return authorizer.DecisionDeny, "", nil
+	}
+	switch a.GetResource() + "/" + a.GetSubresource() + "/" + a.GetName() {
+	case "users//bob", "groups//dev", "userextras/scopes/view":
+		return authorizer.DecisionAllow, "", nil
+	}
+	return authorizer.DecisionDeny, "", nil
+})
+
+func discardLogs() *sampledLogger { return newSampledLogger(logr.Discard(), 1000, 1000) }
+
+// newTestProxy serves the whole chain, with testTokens and
+// testImpersonation, in front of upstream (a plain HTTP server).
+func newTestProxy(t *testing.T, engine Engine, upstream http.Handler) *httptest.Server {
+	t.Helper()
+	up := httptest.NewServer(upstream)
+	t.Cleanup(up.Close)
+	return newTestProxyTo(t, engine, &rest.Config{Host: up.URL})
+}
+
+func newTestProxyTo(t *testing.T, engine Engine, upstream *rest.Config) *httptest.Server {
+	t.Helper()
+	target, transport, err := upstreamTransport(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := discardLogs()
+	adm := &admission{
+		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs,
+		maxDelay: 50 * time.Millisecond, delaySlots: make(chan struct{}, 8),
+	}
+	h := chain(testTokens, testImpersonation, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	px := httptest.NewServer(h)
+	t.Cleanup(px.Close)
+	return px
+}
+
+// get sends GET path to srv with the token (none when empty) and headers.
+func get(t *testing.T, srv *httptest.Server, token, path string, headers ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body of %s: %v", path, err)
+	}
+	return resp, body
+}

@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestBudgetIdentity(t *testing.T) {
+	for name, tc := range map[string]struct {
+		caller     user.Info
+		headers    map[string][]string
+		auth       authorizer.Authorizer
+		wantUser   string
+		wantGroups []string
+	}{
+		"without impersonation the caller is charged": {
+			caller: alice, wantUser: "alice", wantGroups: alice.Groups,
+		},
+		"an allowed impersonation charges the impersonated user": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			wantUser: "bob", wantGroups: []string{user.AllAuthenticated},
+		},
+		"allowed groups and extras are part of the identity": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev"}, "Impersonate-Extra-Scopes": {"view"}},
+			wantUser: "bob", wantGroups: []string{"dev", user.AllAuthenticated},
+		},
+		"a caller that may not impersonate is charged itself": {
+			caller: alice, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			wantUser: "alice", wantGroups: alice.Groups,
+		},
+		"one group not allowed keeps the caller charged": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev", "system:masters"}},
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+		"an extra value not allowed keeps the caller charged": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Extra-Scopes": {"admin"}},
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+		"groups without a user are refused by the API server; the caller is charged": {
+			caller: agent, headers: map[string][]string{"Impersonate-Group": {"dev"}},
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+		"a failing review keeps the caller charged": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+				return authorizer.DecisionAllow, "", errors.New("unreachable")
+			}),
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			auth := tc.auth
+			if auth == nil {
+				auth = testImpersonation
+			}
+			var got user.Info
+			h := withBudgetIdentity(auth, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got, _ = identityFrom(r.Context())
+			}))
+			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+			for k, vs := range tc.headers {
+				for _, v := range vs {
+					req.Header.Add(k, v)
+				}
+			}
+			before := req.Header.Clone()
+			h.ServeHTTP(httptest.NewRecorder(), req.WithContext(withCaller(req.Context(), tc.caller)))
+			if got == nil || got.GetName() != tc.wantUser || !slices.Equal(got.GetGroups(), tc.wantGroups) {
+				t.Fatalf("identity = %v, want %s %v", got, tc.wantUser, tc.wantGroups)
+			}
+			if len(req.Header) != len(before) {
+				t.Errorf("headers changed: %v, were %v", req.Header, before)
+			}
+		})
+	}
+}
+
+func TestImpersonatingAServiceAccountChecksServiceAccounts(t *testing.T) {
+	target, checks := impersonationRequest(agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
+	if len(checks) != 1 || checks[0].GetResource() != "serviceaccounts" || checks[0].GetNamespace() != "ns1" || checks[0].GetName() != "sa1" {
+		t.Fatalf("checks = %+v, want impersonate serviceaccounts ns1/sa1", checks)
+	}
+	want := []string{"system:serviceaccounts", "system:serviceaccounts:ns1", user.AllAuthenticated}
+	if !slices.Equal(target.GetGroups(), want) {
+		t.Errorf("groups = %v, want %v", target.GetGroups(), want)
+	}
+}
+
+func TestImpersonationCache(t *testing.T) {
+	var calls atomic.Int64
+	inner := authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+		calls.Add(1)
+		return testImpersonation.Authorize(ctx, a)
+	})
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	auth := cachedAuthorizer(inner, newReviewCache("impersonation", 100, 10, 10, 4, clk), time.Minute, 10*time.Second)
+	check := func(caller user.Info, name string) authorizer.Decision {
+		d, _, err := auth.Authorize(context.Background(), &authorizer.AttributesRecord{User: caller, Verb: "impersonate", Resource: "users", Name: name, ResourceRequest: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for range 3 {
+		if check(agent, "bob") != authorizer.DecisionAllow || check(alice, "bob") != authorizer.DecisionDeny {
+			t.Fatal("cached answers differ from the reviewer's")
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("reviews = %d, want 2 (one per caller)", n)
+	}
+	clk.Step(11 * time.Second)
+	check(agent, "bob")
+	check(alice, "bob")
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("reviews after 11s = %d, want 3 (only the denial expired)", n)
+	}
+}
