@@ -2,8 +2,13 @@ package controllers
 
 import (
 	"context"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -21,6 +26,15 @@ import (
 // are dropped (and counted), never waited for.
 const throttleQueueSize = 1024
 
+// A replica records at most eventBurst Events at once and eventsPerSecond
+// after that, whatever the number of identities being throttled: a storm of
+// many identities must not become a storm of Events. The rest are dropped
+// and counted (watchgate_throttle_events_total{result="dropped"}).
+const (
+	eventsPerSecond = 1
+	eventBurst      = 30
+)
+
 // Event reasons are the engine's (RateLimited, TooManyWatches, BackingOff,
 // StaleResourceVersion); the action says what was done.
 const (
@@ -35,11 +49,15 @@ const (
 //
 // Aggregation is the engine's: it calls OnThrottled at most once per
 // budget × identity per ratelimit.Options.ThrottleNotifyInterval, so a storm
-// of rejected requests becomes one Event per identity per interval; the
-// events API then folds repeats into a series. OnThrottled never blocks the
-// request that triggered it: it queues, and drops when the queue is full.
+// of rejected requests becomes one Event per identity per interval. The
+// Event's related object names the identity (kind User, or ServiceAccount
+// with its namespace), so that the events API, which folds isomorphic events
+// into a series, keeps one Event per identity and counts its repeats rather
+// than merging different identities. OnThrottled never blocks the request
+// that triggered it: it queues, and drops when the queue is full.
 type ThrottleEvents struct {
-	queue chan throttled
+	queue   chan throttled
+	limiter *rate.Limiter
 
 	reader   client.Reader
 	recorder events.EventRecorder
@@ -54,7 +72,10 @@ type throttled struct {
 // NewThrottleEvents returns a ThrottleEvents ready for OnThrottled; Events
 // are recorded once SetupWithManager has started it.
 func NewThrottleEvents() *ThrottleEvents {
-	return &ThrottleEvents{queue: make(chan throttled, throttleQueueSize)}
+	return &ThrottleEvents{
+		queue:   make(chan throttled, throttleQueueSize),
+		limiter: rate.NewLimiter(eventsPerSecond, eventBurst),
+	}
 }
 
 // OnThrottled queues an Event; it has the signature of
@@ -86,6 +107,10 @@ func (t *ThrottleEvents) Start(ctx context.Context) error {
 }
 
 func (t *ThrottleEvents) record(ctx context.Context, e throttled) error {
+	if !t.limiter.AllowN(time.Now(), 1) {
+		throttleEventsTotal.WithLabelValues("dropped").Inc()
+		return nil
+	}
 	var wb v1alpha1.WatchBudget
 	if err := t.reader.Get(ctx, types.NamespacedName{Name: e.budget}, &wb); err != nil {
 		throttleEventsTotal.WithLabelValues("dropped").Inc()
@@ -102,10 +127,25 @@ func (t *ThrottleEvents) record(ctx context.Context, e throttled) error {
 	if e.dryRun {
 		action, note = actionDryRun, "Would reject requests of %q (DryRun: admitted): %s"
 	}
-	t.recorder.Eventf(&wb, nil, corev1.EventTypeWarning, string(e.reason), action, note, user, describeReason(e.reason))
+	t.recorder.Eventf(&wb, identityRef(e.user), corev1.EventTypeWarning, string(e.reason), action, note, user, describeReason(e.reason))
 	throttleEventsTotal.WithLabelValues("recorded").Inc()
 	return nil
 }
+
+// identityRef is the Event's related object: the identity throttled.
+func identityRef(user string) *corev1.ObjectReference {
+	if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
+		if ns, name, ok := strings.Cut(rest, ":"); ok {
+			return &corev1.ObjectReference{Kind: "ServiceAccount", APIVersion: "v1", Namespace: ns, Name: name}
+		}
+	}
+	if len(user) > 253 {
+		user = user[:253]
+	}
+	return &corev1.ObjectReference{Kind: "User", APIVersion: rbacv1.SchemeGroupVersion.String(), Name: user}
+}
+
+const serviceAccountPrefix = "system:serviceaccount:"
 
 // describeReason says what a reason means, for an Event's note.
 func describeReason(r ratelimit.Reason) string {

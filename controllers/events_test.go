@@ -27,7 +27,10 @@ func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 	createBudget(t, &v1alpha1.WatchBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: "events"},
 		Spec: v1alpha1.WatchBudgetSpec{
-			Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "events-*"}},
+			Subjects: []v1alpha1.Subject{
+				{Kind: v1alpha1.SubjectKindUser, Name: "events-*"},
+				{Kind: v1alpha1.SubjectKindServiceAccount, Namespace: "events", Name: "bob"},
+			},
 			Limits:   v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](1), WatchBurst: ptr.To[int32](1)},
 		},
 	})
@@ -38,6 +41,7 @@ func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 	watch := func(user string) *ratelimit.Request {
 		return &ratelimit.Request{User: user, Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "3"}
 	}
+	const bob = "system:serviceaccount:events:bob"
 	rejected := 0
 	for range 50 {
 		if d := r.engine.Decide(time.Now(), watch("events-alice")); d.Reason == ratelimit.ReasonRateLimited {
@@ -47,10 +51,11 @@ func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 	if rejected != 49 {
 		t.Fatalf("%d of alice's 50 watches were rate limited, want 49", rejected)
 	}
-	// bob's event comes after alice's: once it is there, so would any
-	// duplicate of alice's be.
+	// bob's event is recorded after alice's: once it is there, so would any
+	// duplicate of alice's be (the events API may then fold it into alice's
+	// Event as a series, which is checked too).
 	for range 2 {
-		r.engine.Decide(time.Now(), watch("events-bob"))
+		r.engine.Decide(time.Now(), watch(bob))
 	}
 	var events []eventsv1.Event
 	eventually(t, 10*time.Second, "bob's event", func() error {
@@ -65,7 +70,10 @@ func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 			}
 		}
 		for _, e := range events {
-			if strings.Contains(e.Note, `"events-bob"`) {
+			if strings.Contains(e.Note, `"`+bob+`"`) {
+				if r := e.Related; r == nil || r.Kind != "ServiceAccount" || r.Namespace != "events" || r.Name != "bob" {
+					return fmt.Errorf("bob's event's related object = %+v, want the ServiceAccount events/bob", r)
+				}
 				return nil
 			}
 		}
@@ -86,5 +94,8 @@ func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 	}
 	if e.Regarding.APIVersion != v1alpha1.GroupVersion.String() || e.Regarding.UID == "" {
 		t.Errorf("event regards %+v, want the WatchBudget with its UID", e.Regarding)
+	}
+	if e.Related == nil || e.Related.Kind != "User" || e.Related.Name != "events-alice" {
+		t.Errorf("event's related object = %+v, want the User events-alice", e.Related)
 	}
 }
