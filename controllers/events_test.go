@@ -31,7 +31,7 @@ func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 				{Kind: v1alpha1.SubjectKindUser, Name: "events-*"},
 				{Kind: v1alpha1.SubjectKindServiceAccount, Namespace: "events", Name: "bob"},
 			},
-			Limits:   v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](1), WatchBurst: ptr.To[int32](1)},
+			Limits: v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](1), WatchBurst: ptr.To[int32](1)},
 		},
 	})
 	eventually(t, reloadDeadline, "the budget reaches the engine", func() error {
