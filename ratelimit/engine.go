@@ -177,19 +177,25 @@ func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 // reconfigure applies the budget's current configuration to every
 // identity's buckets at now, shard by shard. Identities it misses (created
 // concurrently under the old configuration) are reconfigured on their next
-// decision.
+// decision. It does not count as seeing the identities: a policy swap does
+// not delay their eviction.
 func (bs *budgetState) reconfigure(now time.Time) {
 	cfg := bs.cfg.Load()
+	apply := func(id *identity) {
+		if id.cfg != cfg {
+			id.configure(id.clock(now), cfg)
+		}
+	}
 	for i := range bs.shards {
 		sh := &bs.shards[i]
 		sh.mu.Lock()
 		for _, id := range sh.ids {
-			id.advance(now, cfg)
+			apply(id)
 		}
 		sh.mu.Unlock()
 	}
 	bs.overflow.mu.Lock()
-	bs.overflow.spill.advance(now, cfg)
+	apply(bs.overflow.spill)
 	bs.overflow.mu.Unlock()
 }
 

@@ -252,3 +252,15 @@ func TestConcurrentUse(t *testing.T) {
 		t.Errorf("keys = %d after removing every budget", got)
 	}
 }
+
+func TestSetPolicyDoesNotDelayEviction(t *testing.T) {
+	b := Budget{Name: "b", Limits: Limits{ListsPerMinute: 60, ListBurst: 1}}
+	e := newTestEngine(t, Options{IdleAfter: time.Minute}, b)
+	expect(t, "list", e.Decide(t0, list()), true, "", 0)
+	expect(t, "second list", e.Decide(t0, list()), false, ReasonRateLimited, s)
+	b.Limits.ListBurst = 2
+	e.SetPolicy(t0.Add(50*s), mustPolicy(t, b))
+	if got := e.Sweep(t0.Add(61 * s)); got != 1 {
+		t.Errorf("Sweep after a policy swap evicted %d, want 1", got)
+	}
+}

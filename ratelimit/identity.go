@@ -132,14 +132,18 @@ func (e *Engine) acquire(sh *shard, user string, cfg *Budget, now time.Time) (*i
 // reconfigures its buckets when the budget changed. It returns the instant
 // to decide at.
 func (id *identity) advance(now time.Time, cfg *Budget) time.Time {
-	ns := now.UnixNano()
-	if ns < id.seen {
-		now = time.Unix(0, id.seen)
-	} else {
-		id.seen = ns
-	}
+	now = id.clock(now)
+	id.seen = now.UnixNano()
 	if id.cfg != cfg {
 		id.configure(now, cfg)
+	}
+	return now
+}
+
+// clock returns now, or the identity's latest instant when now is earlier.
+func (id *identity) clock(now time.Time) time.Time {
+	if now.UnixNano() < id.seen {
+		return time.Unix(0, id.seen)
 	}
 	return now
 }
