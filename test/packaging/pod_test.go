@@ -1,0 +1,220 @@
+package packaging
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// TestChartPodRunsWithTheChartsRBAC runs the watchgate binary the way the
+// installed chart's Deployment does — its arguments, its environment, its
+// certificate from the chart's Secret — as the chart's ServiceAccount, with
+// only the permissions the chart grants. The test bed has no kubelet, so the
+// test plays it: a missing permission (a Lease, a status patch, a
+// TokenReview) shows up as a replica that never turns ready or an error in
+// its log. Then a watch goes through the proxy, trusting the chart's CA.
+func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
+	installPrerequisites(t)
+	dir := t.TempDir()
+
+	bin := filepath.Join(dir, "watchgate")
+	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	// The installed release's Deployment, as Helm applied it.
+	manifest, err := helm(t, "get", "manifest", releaseName, "--namespace", releaseNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := find(t, decode(t, manifest), "Deployment", "watchgate")
+	c := container(t, dep)
+
+	// The serving certificate from the chart's Secret, where the pod would
+	// mount it.
+	tlsDir := filepath.Join(dir, "tls")
+	if err := os.Mkdir(tlsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	caPEM := secretKey(t, "ca.crt")
+	writeFile(t, filepath.Join(tlsDir, "tls.crt"), secretKey(t, "tls.crt"))
+	writeFile(t, filepath.Join(tlsDir, "tls.key"), secretKey(t, "tls.key"))
+
+	// The ServiceAccount's own credentials, as the in-cluster config would
+	// give them.
+	token := strings.TrimSpace(kubectlOK(t, "create", "token", "watchgate", "--namespace", releaseNamespace, "--duration=1h"))
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: env.Config.Host, CertificateAuthorityData: env.Config.CAData}
+	cfg.AuthInfos["watchgate"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "watchgate"}
+	cfg.CurrentContext = "test"
+	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+
+	ports := map[string]string{}
+	var args []string
+	for _, v := range c["args"].([]any) {
+		a := v.(string)
+		name, _, _ := strings.Cut(a, "=")
+		switch name {
+		case "--proxy-bind-address", "--metrics-bind-address", "--health-probe-bind-address":
+			ports[name] = freeAddress(t)
+			a = name + "=" + ports[name]
+		case "--tls-cert-file", "--tls-private-key-file":
+			a = name + "=" + filepath.Join(tlsDir, filepath.Base(a))
+		}
+		args = append(args, a)
+	}
+	for _, name := range []string{"--proxy-bind-address", "--health-probe-bind-address"} {
+		if ports[name] == "" {
+			t.Fatalf("the chart's Deployment does not pass %s: %v", name, c["args"])
+		}
+	}
+	args = append(args, "--kubeconfig="+kubeconfig)
+
+	log := &lockedBuffer{}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "POD_NAME=watchgate-packaging-test", "POD_NAMESPACE="+releaseNamespace)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// exited is closed when the process has ended; waitErr is then its
+	// exit status.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("watchgate log:\n%s", log.String())
+		}
+	})
+
+	// The kubelet's readiness probe, until it passes.
+	waitFor(t, exited, &waitErr, 90*time.Second, "/readyz", func() bool {
+		resp, err := http.Get("http://" + ports["--health-probe-bind-address"] + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	// A client trusting the chart's CA, for the Service's DNS name, opens a
+	// watch through the proxy; the catch-all budget governs it.
+	sa, err := env.ServiceAccount(t.Context(), "packaging-client", "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(caPEM))
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "watchgate." + releaseNamespace + ".svc"},
+	}}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet,
+		"https://"+ports["--proxy-bind-address"]+"/api/v1/namespaces/packaging-client/configmaps?watch=true&timeoutSeconds=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+sa.Token)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("watch through the proxy: %v", err)
+	}
+	resp.Body.Close()
+	// The reader may not list configmaps: the API server's own 403, passed
+	// through, with the decision header of the budget that governed it.
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("watch without RBAC through the proxy: HTTP %d, want the API server's 403", resp.StatusCode)
+	}
+	if got := resp.Header.Get("X-Watchgate-Decision"); !strings.Contains(got, "budget=watchgate-default") {
+		t.Errorf("X-Watchgate-Decision = %q, want the chart's catch-all budget", got)
+	}
+
+	// What needs the chart's RBAC beyond serving: this replica's entry in
+	// the budget's status (server-side apply on watchbudgets/status, every
+	// 15 s), the Ready condition and the Lease (leader only).
+	waitFor(t, exited, &waitErr, 90*time.Second, "this replica's status entry, Ready=True and the Lease", func() bool {
+		pods, err1 := kubectl(t, "", "get", "wb", "watchgate-default", "-o", "jsonpath={.status.replicas[*].pod}")
+		ready, err2 := kubectl(t, "", "get", "wb", "watchgate-default", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		holder, err3 := kubectl(t, "", "get", "lease", "watchgate.watchgate.io", "--namespace", releaseNamespace, "-o", "jsonpath={.spec.holderIdentity}")
+		return err1 == nil && err2 == nil && err3 == nil &&
+			strings.Contains(pods, "watchgate-packaging-test") && ready == "True" && holder != ""
+	})
+
+	for _, bad := range []string{"forbidden", "Forbidden"} {
+		if strings.Contains(log.String(), bad) {
+			t.Errorf("watchgate logged %q: the chart's RBAC misses a permission the code uses", bad)
+		}
+	}
+}
+
+// waitFor polls cond until it holds; it fails the test when the process
+// exits first or when timeout passes.
+func waitFor(t *testing.T, exited <-chan struct{}, waitErr *error, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		select {
+		case <-exited:
+			t.Fatalf("watchgate exited while waiting for %s: %v", what, *waitErr)
+		case <-time.After(250 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %s", what, timeout)
+		}
+	}
+}
+
+// freeAddress returns a loopback address with a port nothing listens on.
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// lockedBuffer collects the process's stdout and stderr while the test
+// reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
