@@ -45,6 +45,10 @@ func TestValidate(t *testing.T) {
 				"staleVersions.action: must be one of Reject, Pass",
 			},
 		},
+		"a reset shorter than a short watch is invalid": {
+			budget: Budget{Name: "b", Backoff: Backoff{Initial: time.Second, Max: time.Minute, ShortWatch: 10 * time.Second, ResetAfter: 5 * time.Second}},
+			want:   []string{"backoff.resetAfter: must be >= backoff.shortWatch (10s) when set"},
+		},
 		"a watch that could never be admitted is invalid": {
 			budget: Budget{Name: "b", Limits: Limits{WatchOpensPerMinute: 10, WatchBurst: 2, InitialStateCost: 3}},
 			want:   []string{"limits.initialStateCost: must be <= watchBurst (2)"},

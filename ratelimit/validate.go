@@ -103,6 +103,9 @@ func (b *Budget) Validate() error {
 	}
 	if bo.ResetAfter < 0 {
 		bad("backoff.resetAfter", "must be >= 0")
+	} else if bo.ResetAfter > 0 && bo.ResetAfter < bo.ShortWatch {
+		// A watch between the two would be a failure that also clears.
+		bad("backoff.resetAfter", "must be >= backoff.shortWatch (%s) when set", bo.ShortWatch)
 	}
 
 	switch b.StaleVersions.Action {
