@@ -264,3 +264,33 @@ func TestSetPolicyDoesNotDelayEviction(t *testing.T) {
 		t.Errorf("Sweep after a policy swap evicted %d, want 1", got)
 	}
 }
+
+func TestMemoryStaysBoundedUnderAFlood(t *testing.T) {
+	e := newTestEngine(t, Options{MaxTrackedKeys: 100}, Budget{
+		Name:    "b",
+		Limits:  Limits{WatchOpensPerMinute: 60, WatchBurst: 5},
+		Backoff: Backoff{Initial: s, Max: time.Minute, ShortWatch: s},
+	})
+	for i := range 10_000 {
+		r := watch()
+		r.User = fmt.Sprint("flood-", i)
+		r.LabelSelector = fmt.Sprint("run=", i)
+		e.WatchEnded(t0, e.Decide(t0, r).Watch, 0, OutcomeError)
+	}
+	if got := e.keys.Load(); got > 100 {
+		t.Errorf("tracking %d keys, cap 100", got)
+	}
+	if got := e.Stats()["b"].TrackedIdentities; got > 100 || got < 50 {
+		t.Errorf("tracking %d identities, want (50, 100]: identities and backoff keys share the cap", got)
+	}
+	for i := range maxStaleVersions + 1000 {
+		e.StaleVersionSeen(t0, "", "pods", fmt.Sprint(i+1))
+	}
+	if got := e.stale.count.Load(); got != maxStaleVersions {
+		t.Errorf("remembering %d stale versions, cap %d", got, maxStaleVersions)
+	}
+	// The overflow identity limited the flood: 5 tokens, then one a second.
+	r := watch()
+	r.User = "flood-late"
+	expect(t, "a late flooder", e.Decide(t0, r), false, ReasonRateLimited, s)
+}
