@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -90,7 +91,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 		// Every budget passed Validate, so this is a bug; keep the old policy.
 		return ctrl.Result{}, fmt.Errorf("compile policy: %w", err)
 	}
-	r.Engine.SetPolicy(r.Clock.Now(), p)
+	r.Engine.SetPolicy(r.now(), p)
 	r.loaded.Store(&c)
 	policyLoadsTotal.Inc()
 	budgetsLoaded.WithLabelValues("Ready").Set(float64(len(c.Budgets)))
@@ -101,6 +102,13 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 		log.V(2).Info("Left out invalid budget", "watchBudget", name, "reason", err.Error())
 	}
 	return ctrl.Result{}, nil
+}
+
+func (r *PolicyReconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
 }
 
 // Generations returns, for each budget of the policy in the engine, the

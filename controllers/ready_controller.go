@@ -58,7 +58,11 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.Client.Get(ctx, req.NamespacedName, &wb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	ready := readyCondition(&wb, r.Clock.Now())
+	now := time.Now()
+	if r.Clock != nil {
+		now = r.Clock.Now()
+	}
+	ready := readyCondition(&wb, now)
 	// Keep lastTransitionTime when the status does not change.
 	conds := append([]metav1.Condition(nil), wb.Status.Conditions...)
 	meta.SetStatusCondition(&conds, ready)
