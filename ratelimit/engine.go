@@ -328,10 +328,9 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 	sh.mu.Lock()
 	id.open--
 	sh.open--
-	cfg := sh.bs.cfg.Load()
-	now = id.advance(now, cfg)
+	id.see(now)
 	if id != sh.spill && !sh.bs.removed.Load() {
-		e.learn(id, w.key, now, lifetime, outcome, cfg.Backoff)
+		e.learn(id, w.key, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}
 	sh.mu.Unlock()
 }

@@ -62,8 +62,11 @@ type identity struct {
 	// backoff is per watch key; nil until a watch fails.
 	backoff map[watchKey]backoffState
 	// seen is the latest instant (UnixNano) the identity was decided on or
-	// released a watch; decisions never run the buckets' clocks backwards.
-	seen       int64
+	// released a watch, for eviction.
+	seen int64
+	// tick is the latest instant (UnixNano) its buckets were used or
+	// reconfigured at: they never run backwards from it.
+	tick       int64
 	notified   int64 // last OnThrottled call, UnixNano
 	rejections int64
 	open       int32
@@ -133,19 +136,27 @@ func (e *Engine) acquire(sh *shard, user string, cfg *Budget, now time.Time) (*i
 // to decide at.
 func (id *identity) advance(now time.Time, cfg *Budget) time.Time {
 	now = id.clock(now)
-	id.seen = now.UnixNano()
+	id.see(now)
 	if id.cfg != cfg {
 		id.configure(now, cfg)
 	}
 	return now
 }
 
-// clock returns now, or the identity's latest instant when now is earlier.
+// clock returns now, or the buckets' latest instant when now is earlier,
+// and makes it the buckets' latest instant.
 func (id *identity) clock(now time.Time) time.Time {
-	if now.UnixNano() < id.seen {
-		return time.Unix(0, id.seen)
+	ns := now.UnixNano()
+	if ns < id.tick {
+		return time.Unix(0, id.tick)
 	}
+	id.tick = ns
 	return now
+}
+
+// see records activity at now, for eviction.
+func (id *identity) see(now time.Time) {
+	id.seen = max(id.seen, now.UnixNano())
 }
 
 // configure makes the buckets follow cfg at now, keeping the tokens they
