@@ -102,6 +102,15 @@ func TestTimelines(t *testing.T) {
 				ok(s, watch()), // the two rejections above took nothing
 			},
 		},
+		"an instant that arrives late does not refill the bucket twice": {
+			budgets: []Budget{opens(60, 2)},
+			steps: []step{
+				ok(0, watch()),
+				ok(s, watch()),
+				ok(500*ms, watch()), // from a slower goroutine: decided at t0+1s
+				no(1500*ms, watch(), ReasonRateLimited, 500*ms),
+			},
+		},
 		"a watch asking for initial state costs initialStateCost tokens": {
 			budgets: []Budget{{Name: "lists", Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 4, InitialStateCost: 3}}},
 			steps: []step{
