@@ -82,12 +82,18 @@ func newScheme() *runtime.Scheme {
 type replica struct {
 	engine *ratelimit.Engine
 	ctrls  *controllers.Controllers
-	stop   func()
+	// elected is closed when the replica leads (at once without leader
+	// election).
+	elected <-chan struct{}
+	stop    func()
 }
 
 type replicaOptions struct {
 	controllers.Options
 	engine ratelimit.Options
+	// leaseNamespace, when set, turns leader election on, with a lease in
+	// that namespace.
+	leaseNamespace string
 }
 
 // startReplica starts a manager (no leader election: every replica runs
@@ -106,6 +112,11 @@ func startReplica(t *testing.T, opts replicaOptions) *replica {
 		HealthProbeBindAddress:  "0",
 		Controller:              config.Controller{SkipNameValidation: ptr.To(true)},
 		GracefulShutdownTimeout: ptr.To(10 * time.Second),
+		LeaderElection:          opts.leaseNamespace != "",
+		LeaderElectionNamespace: opts.leaseNamespace,
+		LeaderElectionID:        "watchgate-test",
+		// Let a leader that stops hand over at once.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +147,7 @@ func startReplica(t *testing.T, opts replicaOptions) *replica {
 		}
 		return nil
 	})
-	return &replica{engine: engine, ctrls: c, stop: stop}
+	return &replica{engine: engine, ctrls: c, elected: mgr.Elected(), stop: stop}
 }
 
 // eventually polls cond every 20 ms until it returns nil, and fails the
