@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
 	"github.com/watchgate/watchgate/ratelimit"
+	"github.com/watchgate/watchgate/test/apiserver"
 )
 
 // `kubectl get wb` shows mode, limits, live figures and readiness at a
@@ -113,3 +115,18 @@ func TestKubectlExplainDocumentsTheFields(t *testing.T) {
 // collapse folds runs of white space, so that text compares whatever the
 // wrapping.
 func collapse(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// The samples in config/samples are accepted by the API server as they are.
+func TestSamplesAreValid(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := env.Kubectl(ctx, "apply", "--dry-run=server", "-k", filepath.Join(apiserver.RepoRoot(), "config", "samples"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"dashboard-users", "catch-all", "exempt-system-masters"} {
+		if !strings.Contains(out, "watchbudget.watchgate.io/"+name+" created (server dry run)") {
+			t.Errorf("sample %s not created:\n%s", name, out)
+		}
+	}
+}
