@@ -73,7 +73,10 @@ const (
 // When several checks would reject a watch, the first in this order is the
 // Reason: stale version (it never reaches the server, so nothing else
 // matters), backoff, concurrency, tokens. A rejected request takes no
-// tokens and no slot. A DryRun budget reports the same Reason but allows
+// tokens and no slot. A stale-version rejection counts as a failed watch of
+// its key, and its RetryAfter is the backoff the key was already in: a
+// client looping on a stale version is answered "too old" with a growing
+// hold-back instead of at once (see staleAgain). A DryRun budget reports the same Reason but allows
 // the request: the watch takes a slot (it is open, after all) but no
 // tokens, so the figures reported are what Enforce would have done. An
 // Exempt budget allows without tracking anything.
@@ -239,6 +242,9 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 
 	id, now := e.acquire(sh, r.User, cfg, now)
 	sh = id.sh
+	if d.Reason == ReasonStaleResourceVersion && cfg.Enforcement != DryRun {
+		d.RetryAfter = e.staleAgain(id, keyOf(r), now, cfg.Backoff)
+	}
 	if d.Reason == ReasonNone {
 		if watch {
 			d.Reason, d.RetryAfter = id.checkWatch(now, r, cfg)
@@ -274,6 +280,24 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 		e.opts.OnThrottled(cfg.Name, r.User, d.Reason, d.DryRun)
 	}
 	return d
+}
+
+// staleAgain is the backoff of a watch answered locally as stale: the
+// answer is the API server's own (410 Expired), but a client that comes
+// back with the same stale version at once is looping, exactly like one
+// whose watches die within a second. So the local answer counts as a
+// failed watch of the key (see learn), and the returned wait — the time
+// left of the key's backoff before this failure, 0 the first time — tells
+// the caller how long to hold the answer back. A client that resyncs after
+// its first "too old" is not slowed; one that loops is answered every
+// Initial, 2·Initial, … (callers cap the hold). id.sh.mu is held.
+func (e *Engine) staleAgain(id *identity, key watchKey, now time.Time, bo Backoff) time.Duration {
+	var wait time.Duration
+	if st, ok := id.backoff[key]; ok {
+		wait = max(0, time.Duration(st.until-now.UnixNano()))
+	}
+	e.learn(id, key, now, 0, OutcomeError, bo)
+	return wait
 }
 
 // checkWatch runs the checks after the stale version on a watch, in order,

@@ -218,15 +218,45 @@ func TestTimelines(t *testing.T) {
 		"a stale version is rejected locally before backoff, concurrency and tokens": {
 			budgets: []Budget{everything},
 			steps: []step{
-				ok(0, watch()), // the bucket is empty and the slot is taken
+				ok(0, watchIn("a")), // the bucket is empty and the slot is taken
 				staleSeen(0, "42"),
-				no(0, watchFrom("42"), ReasonStaleResourceVersion, 0),
-				no(0, watch(), ReasonTooManyWatches, TooManyWatchesRetryAfter),
-				closed(100*ms, 0), // a failure: 5s backoff
-				no(200*ms, watchFrom("42"), ReasonStaleResourceVersion, 0),
-				no(200*ms, watch(), ReasonBackingOff, 4900*ms),
-				no(5100*ms, watchFrom("42"), ReasonStaleResourceVersion, 0),
-				ok(5100*ms, watch()), // stale rejections took no tokens
+				no(0, watchFrom("42"), ReasonStaleResourceVersion, 0), // the first "too old" is answered at once
+				no(0, watchIn("b"), ReasonTooManyWatches, TooManyWatchesRetryAfter),
+				closed(100*ms, 0), // a failure of key "a": 5s backoff
+				// Back at once with the same stale version: held back for
+				// the rest of the backoff its first "too old" started.
+				no(200*ms, watchFrom("42"), ReasonStaleResourceVersion, 4800*ms),
+				no(200*ms, watchIn("a"), ReasonBackingOff, 4900*ms),
+				ok(5100*ms, watchIn("b")), // stale rejections took no tokens
+			},
+		},
+		"a client looping on a stale version is held back, others are not": {
+			budgets: []Budget{{
+				Name:          "loop",
+				Backoff:       Backoff{Initial: s, Max: 4 * s, ShortWatch: s},
+				StaleVersions: StaleVersions{Memory: time.Minute},
+			}},
+			steps: []step{
+				staleSeen(0, "7"),
+				no(0, watchFrom("7"), ReasonStaleResourceVersion, 0),
+				no(100*ms, watchFrom("7"), ReasonStaleResourceVersion, 900*ms),
+				ok(100*ms, watchIn("elsewhere")), // another key of the same identity
+				// The relist's fresh watch on the looping key waits out
+				// the backoff like any watch that keeps dying.
+				no(100*ms, watchFrom("8"), ReasonBackingOff, 2*s), // second failure, no jitter here
+			},
+		},
+		"a dry-run budget reports stale versions but never holds them back": {
+			budgets: []Budget{{
+				Name:          "dry",
+				Enforcement:   DryRun,
+				Backoff:       Backoff{Initial: s, Max: 4 * s, ShortWatch: s},
+				StaleVersions: StaleVersions{Memory: time.Minute},
+			}},
+			steps: []step{
+				staleSeen(0, "7"),
+				dry(0, watchFrom("7"), ReasonStaleResourceVersion, 0),
+				dry(0, watchFrom("7"), ReasonStaleResourceVersion, 0),
 			},
 		},
 		"backoff comes before concurrency, concurrency before tokens": {
