@@ -118,7 +118,7 @@ func installPrerequisites(t *testing.T) {
 			return
 		}
 		_, failed = kubectl(t, "", "wait", "--for=condition=Established", "--timeout=60s",
-			"crd/watchbudgets.watchgate.io", "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io", "crd/servicemonitors.monitoring.coreos.com")
+			"crd/watchbudgets.watchgate.io", "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io", "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
 	})
 	if failed != nil {
 		t.Fatal(failed)

@@ -2,6 +2,7 @@ package packaging
 
 import (
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -113,4 +114,44 @@ func sortedStrings(v any) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestPrometheusConfigIsTheChartsMonitoring compares config/prometheus with
+// the chart's ServiceMonitor and PrometheusRule (release watchgate in
+// watchgate-system), and dry-run applies it.
+func TestPrometheusConfigIsTheChartsMonitoring(t *testing.T) {
+	installPrerequisites(t)
+	chartObjs := index(decode(t, render(t, "watchgate", "watchgate-system",
+		"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true")))
+	manifests, err := kubectl(t, "", "kustomize", filepath.Join(root, "config", "prometheus"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustObjs := index(decode(t, manifests))
+	for _, key := range []string{"ServiceMonitor/watchgate-system/watchgate", "PrometheusRule/watchgate-system/watchgate"} {
+		c, k := chartObjs[key], kustObjs[key]
+		if c == nil || k == nil {
+			t.Errorf("%s: in chart %t, in config/prometheus %t", key, c != nil, k != nil)
+			continue
+		}
+		if !reflect.DeepEqual(c.Object["spec"], k.Object["spec"]) {
+			t.Errorf("%s spec differs between the chart and config/prometheus", key)
+		}
+	}
+	// The ServiceMonitor must select the metrics Service of both installs.
+	kustDefault := index(decode(t, kustomizeDefault(t, "")))
+	sel, _, _ := unstructured.NestedStringMap(kustObjs["ServiceMonitor/watchgate-system/watchgate"].Object, "spec", "selector", "matchLabels")
+	for name, objs := range map[string]map[string]*unstructured.Unstructured{"chart": chartObjs, "kustomize": kustDefault} {
+		svc := objs["Service/watchgate-system/watchgate-metrics"]
+		if svc == nil {
+			t.Fatalf("%s: no metrics Service", name)
+		}
+		for k, v := range sel {
+			if svc.GetLabels()[k] != v {
+				t.Errorf("%s: metrics Service lacks label %s=%s the ServiceMonitor selects", name, k, v)
+			}
+		}
+	}
+	createNamespace(t, "watchgate-system")
+	applyDryRun(t, manifests)
 }
