@@ -10,8 +10,9 @@
 # (CGO_ENABLED=0), so multi-arch builds need no emulation.
 
 FROM --platform=$BUILDPLATFORM golang:1.26 AS builder
-ARG TARGETOS=linux
-ARG TARGETARCH=amd64
+# Set by BuildKit from --platform (linux/amd64 when not given).
+ARG TARGETOS
+ARG TARGETARCH
 ARG VERSION=dev
 WORKDIR /src
 
