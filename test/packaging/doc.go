@@ -1,25 +1,33 @@
 // Package packaging tests what operators install: the Helm chart in
-// charts/watchgate and the kustomize bases in config/, against the real
-// kube-apiserver of the test bed (package test/apiserver).
+// charts/watchgate, the kustomize bases in config/ and the Dockerfile,
+// against the real kube-apiserver of the test bed (package test/apiserver).
 //
-// Every test renders with the helm pinned in hack/tools/go.mod (built once in
-// TestMain) and the test bed's kubectl, then checks what the API server says
-// about the result:
+// Helm is the one pinned in hack/tools/go.mod (built once in TestMain);
+// kubectl is the test bed's. The tests check:
 //
 //   - helm lint passes with the default values and with every file in
 //     testdata/values-*.yaml;
-//   - values.schema.json rejects unknown keys (a typo fails rendering) and is
-//     closed at every level;
+//   - values.schema.json rejects unknown keys (a typo fails rendering), is
+//     closed at every level, and every value is commented in values.yaml;
 //   - the chart's CRD and ClusterRole are the ones controller-gen generates
 //     into config/ (charts/watchgate/hack/sync-generated.sh copies them);
-//   - `helm template` and `kubectl kustomize config/default` apply with
-//     server-side dry-run (strict field validation) once the CRD is installed
-//     for real, and install the same objects;
-//   - a real `helm install`, `helm upgrade` and `helm uninstall` against the
-//     API server: the budgets come up through the hook, the generated
-//     certificate survives upgrades, the CRD survives uninstall.
+//   - `helm template` and `kubectl kustomize config/default` (with each TLS
+//     component) apply with server-side dry-run and strict field validation,
+//     with no warning (the restricted Pod Security Standard included), once
+//     the CRD is installed for real; and they install the same objects;
+//     config/prometheus is the chart's ServiceMonitor and PrometheusRule;
+//   - a real `helm install`, `helm upgrade` and `helm uninstall`: the budgets
+//     come up through the hook, the generated certificate survives upgrades,
+//     the CRD survives uninstall;
+//   - the binary, run with the installed Deployment's arguments and
+//     environment as the chart's ServiceAccount (the test plays the kubelet),
+//     turns ready, takes the Lease, writes its status entry and serves a
+//     watch through the proxy with the chart's certificate: the chart's RBAC
+//     is enough for the code;
+//   - the Dockerfile builds what the image promises from a build context
+//     that holds every package the binary needs.
 //
-// The test bed has no cert-manager and no Prometheus Operator; the stub CRDs
-// in testdata/stub-crds.yaml accept any spec of their kinds, so objects of
-// those kinds are only checked for apiVersion, kind and metadata.
+// The test bed has no cert-manager and no Prometheus Operator; the stand-in
+// CRDs in testdata/stub-crds.yaml accept any spec of their kinds, so objects
+// of those kinds are only checked for apiVersion, kind and metadata.
 package packaging
