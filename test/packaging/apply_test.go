@@ -50,6 +50,13 @@ func TestKustomizeDefaultAppliesToTheAPIServer(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			manifests := kustomizeDefault(t, component)
 			objs := decode(t, manifests)
+			// kubectl apply -k cannot map a custom resource whose CRD it
+			// creates in the same run: config/default must hold none.
+			for _, o := range objs {
+				if o.GroupVersionKind().Group == "watchgate.io" {
+					t.Errorf("config/default holds %s %s: a first `kubectl apply -k` would fail on it", o.GetKind(), o.GetName())
+				}
+			}
 			ns := find(t, objs, "Namespace", "watchgate-system")
 			applyForReal(t, toYAML(t, ns))
 			applyDryRun(t, manifests)
@@ -60,6 +67,24 @@ func TestKustomizeDefaultAppliesToTheAPIServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKustomizeBudgetsApplyToTheAPIServer dry-run applies the second step
+// of the kustomize install, config/default/budgets.
+func TestKustomizeBudgetsApplyToTheAPIServer(t *testing.T) {
+	installPrerequisites(t)
+	manifests := kustomizeBudgets(t)
+	find(t, decode(t, manifests), "WatchBudget", "watchgate-default")
+	applyDryRun(t, manifests)
+}
+
+func kustomizeBudgets(t *testing.T) string {
+	t.Helper()
+	out, err := kubectl(t, "", "kustomize", filepath.Join(root, "config", "default", "budgets"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // kustomizeDefault renders config/default, with a component of

@@ -13,13 +13,14 @@ import (
 
 // TestChartAndKustomizeInstallTheSameThing compares `helm template` with the
 // default values (release watchgate in watchgate-system) with `kubectl
-// kustomize config/default` plus its tls-secret component: the same objects,
+// kustomize config/default` plus its tls-secret component and
+// config/default/budgets: the same objects,
 // by kind and name, and the same substance in each (pod spec, Services,
 // RBAC rules, CRD, budgets). Labels and comments may differ; behaviour may
 // not.
 func TestChartAndKustomizeInstallTheSameThing(t *testing.T) {
 	chartObjs := index(decode(t, render(t, "watchgate", "watchgate-system")))
-	kustObjs := index(decode(t, kustomizeDefault(t, "tls-secret")))
+	kustObjs := index(decode(t, kustomizeDefault(t, "tls-secret")+"\n---\n"+kustomizeBudgets(t)))
 
 	// The chart writes the certificate Secret; kustomize expects the
 	// operator (or cert-manager) to. kustomize creates the Namespace; Helm
