@@ -70,6 +70,36 @@ func TestValuesSchemaRejectsTypos(t *testing.T) {
 	}
 }
 
+// TestInconsistentValuesFailRendering: values that are each valid but make
+// no sense together fail `helm template` with a message that says why.
+func TestInconsistentValuesFailRendering(t *testing.T) {
+	cases := map[string]struct {
+		set  []string
+		want string
+	}{
+		"two replicas without leader election": {[]string{"leaderElection.enabled=false"}, "replicaCount: 1"},
+		"an existing secret and cert-manager":  {[]string{"tls.existingSecret=mine", "certManager.enabled=true"}, "not both"},
+		"a ServiceMonitor without the metrics Service": {
+			[]string{"metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"}, "metrics.service.enabled"},
+		"a termination grace shorter than the shutdown grace": {
+			[]string{"shutdownGracePeriodSeconds=60", "terminationGracePeriodSeconds=60"}, "terminationGracePeriodSeconds"},
+		"an exemption of nobody":                {[]string{"exemptBudget.subjects=null"}, "exemptBudget.subjects"},
+		"no ServiceAccount name without create": {[]string{"serviceAccount.create=false"}, "serviceAccount.name"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"template", "wg", chart, "--kube-version", kubeVersion}
+			for _, s := range c.set {
+				args = append(args, "--set", s)
+			}
+			_, err := helm(t, args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("--set %v: want an error naming %q, got %v", c.set, c.want, err)
+			}
+		})
+	}
+}
+
 // TestValuesSchemaIsClosed walks values.schema.json: every object the chart
 // defines says what it accepts (additionalProperties false, or a schema for
 // the values of a map). Only Kubernetes types passed through to the API
