@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -155,4 +156,8 @@ func get(t *testing.T, srv *httptest.Server, token, path string, headers ...stri
 		t.Fatalf("read body of %s: %v", path, err)
 	}
 	return resp, body
+}
+
+func schemaGR(group, resource string) schema.GroupResource {
+	return schema.GroupResource{Group: group, Resource: resource}
 }
