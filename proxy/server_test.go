@@ -1,0 +1,111 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	err := (&Options{CertFile: "c", ReadHeaderTimeout: -1, MaxHeaderBytes: -1}).Validate()
+	if err == nil {
+		t.Fatal("invalid options accepted")
+	}
+	for _, want := range []string{"upstream: required", "engine: required", "certFile and keyFile", "readHeaderTimeout", "maxHeaderBytes"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if err := (&Options{Upstream: &rest.Config{Host: "https://x"}, Engine: &fakeEngine{}}).Validate(); err != nil {
+		t.Errorf("minimal options rejected: %v", err)
+	}
+}
+
+// The server speaks HTTP/2 and HTTP/1.1 over TLS with a generated
+// certificate, answers unauthenticated requests itself, limits header
+// size, is ready only while serving with a ready upstream, and drops
+// readiness first on shutdown.
+func TestServerLifecycle(t *testing.T) {
+	upstream := tlsUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			t.Errorf("unexpected upstream request %s", r.URL.Path)
+		}
+	}))
+	upstream.Username, upstream.Password = "", ""
+	srv, err := NewServer(Options{
+		BindAddress: "127.0.0.1:0", Upstream: upstream, Engine: &fakeEngine{},
+		MaxHeaderBytes: 4 << 10, ShutdownDrainDelay: 200 * time.Millisecond, ShutdownGracePeriod: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv.ReadyCheck(nil) == nil {
+		t.Error("ready before Start")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.ReadyCheck(nil) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready: %v", srv.ReadyCheck(nil))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(srv.GeneratedCertificate()) {
+		t.Fatal("no generated certificate")
+	}
+	url := "https://" + srv.Addr().String() + "/api/v1/pods"
+	for _, h2 := range []bool{true, false} {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: h2}
+		if !h2 {
+			tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+		}
+		client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if wantProto := map[bool]int{true: 2, false: 1}[h2]; resp.StatusCode != 401 || resp.ProtoMajor != wantProto {
+			t.Errorf("HTTP/%d %d, want HTTP/%d 401", resp.ProtoMajor, resp.StatusCode, wantProto)
+		}
+		if !h2 {
+			req, _ := http.NewRequest(http.MethodGet, url, nil)
+			req.Header.Set("X-Big", strings.Repeat("x", 8<<10))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+				t.Errorf("huge header: HTTP %d, want 431", resp.StatusCode)
+			}
+		}
+		tr.CloseIdleConnections()
+	}
+
+	cancel()
+	time.Sleep(50 * time.Millisecond) // within the drain delay; not an assertion
+	if srv.ReadyCheck(nil) == nil {
+		t.Error("still ready while shutting down")
+	}
+	select {
+	case err := <-done:
+		done <- err
+		if err != nil {
+			t.Errorf("Start returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start did not return after shutdown")
+	}
+}
