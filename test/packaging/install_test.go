@@ -6,6 +6,8 @@ import (
 	"encoding/pem"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // TestHelmInstallUpgradeUninstall drives the chart's life cycle through a
@@ -116,5 +118,28 @@ func verifyServingCert(t *testing.T, certPEM, caPEM, dnsName string) {
 	}
 	if _, err := cert.Verify(x509.VerifyOptions{DNSName: dnsName, Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 		t.Errorf("serving certificate does not verify for %s: %v", dnsName, err)
+	}
+}
+
+// TestGeneratedCertificateCoversTheServiceAndExtraNames renders the chart's
+// own certificate with extra names and checks it verifies, against the CA
+// in the same Secret, for each name clients may use.
+func TestGeneratedCertificateCoversTheServiceAndExtraNames(t *testing.T) {
+	objs := decode(t, render(t, "wg", "proxy-ns", "--set", "tls.extraDNSNames={watchgate.example.com}", "--set", "tls.ipAddresses={10.1.2.3}"))
+	secret := find(t, objs, "Secret", "wg-watchgate-tls")
+	data, _, _ := unstructured.NestedStringMap(secret.Object, "data")
+	decoded := map[string]string{}
+	for k, v := range data {
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		decoded[k] = string(b)
+	}
+	for _, name := range []string{"wg-watchgate", "wg-watchgate.proxy-ns.svc", "wg-watchgate.proxy-ns.svc.cluster.local", "watchgate.example.com", "10.1.2.3"} {
+		verifyServingCert(t, decoded["tls.crt"], decoded["ca.crt"], name)
+	}
+	if !strings.Contains(decoded["tls.key"], "PRIVATE KEY") {
+		t.Error("tls.key is not a PEM private key")
 	}
 }

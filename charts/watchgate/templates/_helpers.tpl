@@ -114,13 +114,8 @@ watchgate.dnsNames are the serving certificate's DNS names: the proxy
 Service's in-cluster names plus tls.extraDNSNames, as a YAML list.
 */}}
 {{- define "watchgate.dnsNames" -}}
-{{- $svc := include "watchgate.proxyServiceName" . }}
-{{- $ns := .Release.Namespace }}
-- {{ $svc }}
-- {{ printf "%s.%s" $svc $ns }}
-- {{ printf "%s.%s.svc" $svc $ns }}
-- {{ printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain }}
-{{- range .Values.tls.extraDNSNames }}
-- {{ . }}
-{{- end }}
+{{- $svc := include "watchgate.proxyServiceName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) -}}
+{{- concat $names .Values.tls.extraDNSNames | toYaml -}}
 {{- end }}
