@@ -56,7 +56,7 @@ func generous(name string, precedence int32) ratelimit.Budget {
 
 // startProxy starts a proxy with a fresh engine holding budgets, waits until
 // it is ready and stops it when the test ends.
-func startProxy(t *testing.T, budgets ...ratelimit.Budget) *testProxy {
+func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 	t.Helper()
 	dir := t.TempDir()
 	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
@@ -200,7 +200,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 }
 
 // serviceAccount creates a service account whose rules allow rules.
-func serviceAccount(t *testing.T, namespace, name string, rules ...rbacv1.PolicyRule) apiserver.ServiceAccount {
+func serviceAccount(t testing.TB, namespace, name string, rules ...rbacv1.PolicyRule) apiserver.ServiceAccount {
 	t.Helper()
 	ctx := context.Background()
 	sa, err := env.ServiceAccount(ctx, namespace, name)
