@@ -25,7 +25,8 @@
 //     watch through the proxy with the chart's certificate: the chart's RBAC
 //     is enough for the code;
 //   - the Dockerfile builds what the image promises from a build context
-//     that holds every package the binary needs.
+//     that holds every package the binary needs;
+//   - the WatchBudget examples of docs/operators.md pass validation.
 //
 // The test bed has no cert-manager and no Prometheus Operator; the stand-in
 // CRDs in testdata/stub-crds.yaml accept any spec of their kinds, so objects
