@@ -28,6 +28,21 @@
 // resourceVersion is stale, and the end of every watch (how long it lived and
 // whether it failed) goes to engine.WatchEnded exactly once.
 //
+// Answers the proxy gives itself mirror kube-apiserver's: Status bodies in
+// the negotiated media type; the stale-version stream with the API server's
+// watch Content-Type ("application/json" for JSON, as kube-apiserver sends
+// it, and "application/vnd.kubernetes.protobuf;stream=watch").
+//
+// Metrics (controller-runtime's registry, no user names as labels):
+// watchgate_proxy_requests_total{verb,decision,reason,budget,enforcement},
+// watchgate_proxy_active_watches, watchgate_proxy_upstream_watch_opens_total,
+// watchgate_proxy_watches_ended_total{outcome},
+// watchgate_proxy_stale_versions_learned_total,
+// watchgate_proxy_decision_duration_seconds{verb},
+// watchgate_proxy_review_cache_lookups_total{review,result},
+// watchgate_proxy_reviews_throttled_total{review},
+// watchgate_proxy_logs_suppressed_total.
+//
 // Server is a controller-runtime Runnable that runs on every replica. On
 // shutdown readiness drops first; open watches are then closed one by one
 // over a grace period, so that their clients do not all reconnect to the other

@@ -37,7 +37,8 @@ type Options struct {
 	Upstream *rest.Config
 	// Engine decides every watch and list; usually a *ratelimit.Engine.
 	Engine Engine
-	// Logger receives the proxy's logs; decision logs are rate limited.
+	// Logger receives the proxy's logs as is (name it, e.g. "proxy");
+	// decision and error logs are rate limited.
 	Logger logr.Logger
 
 	// ReadHeaderTimeout bounds how long a client may take to send request

@@ -59,7 +59,7 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("invalid proxy options: %w", err)
 	}
 	o := opts.complete()
-	lg := o.Logger.WithName("proxy")
+	lg := o.Logger
 
 	// The proxy's own client: TokenReviews, SubjectAccessReviews, the
 	// readiness probe. Reviews are rate limited by reviewCache, so the
