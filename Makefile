@@ -22,9 +22,10 @@ testbin: ## Build (once, cached by version) the test bed's kube-apiserver, etcd 
 	@hack/testbin.sh
 
 .PHONY: manifests
-manifests: ## Render CRD and RBAC from the API types' markers into config/.
+manifests: ## Render CRD and RBAC from the API types' markers into config/ and the chart.
 	$(CONTROLLER_GEN) rbac:roleName=watchgate-manager crd paths=./api/... paths=./controllers/... paths=./proxy/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	charts/watchgate/hack/sync-generated.sh
 
 .PHONY: generate
 generate: ## Generate deepcopy code for the API types.
@@ -44,6 +45,10 @@ test: ## Run every test (unit, integration, end to end) against a real kube-apis
 .PHONY: bench
 bench: ## Run the engine and proxy benchmarks (results go in BENCHMARKS.md).
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets go test -run '^$$' -bench . -benchmem ./ratelimit/ ./proxy/
+
+.PHONY: docker-build
+docker-build: ## Build the container image (needs a Docker engine).
+	docker buildx build --build-arg VERSION=$(VERSION) -t ghcr.io/watchgate/watchgate:$(VERSION) .
 
 .PHONY: demo
 demo: ## Build everything, start a local control plane, put watchgate in front, show a storm being stopped.
