@@ -19,7 +19,7 @@ import (
 //	go test -run '^$' -bench BenchmarkProxyOverhead -benchtime 300x ./test/e2e/
 func BenchmarkProxyOverhead(b *testing.B) {
 	ctx := context.Background()
-	const ns = "bench"
+	ns := uniqueName("bench")
 	sa := serviceAccount(b, ns, "bench", readWatch("configmaps"))
 	for i := range 100 {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i)}, Data: map[string]string{"k": "v"}}

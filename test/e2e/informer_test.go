@@ -64,7 +64,7 @@ func TestInformerThroughProxy(t *testing.T) {
 	for _, protobuf := range []bool{false, true} {
 		t.Run(fmt.Sprintf("protobuf=%v", protobuf), func(t *testing.T) {
 			ctx := context.Background()
-			ns := fmt.Sprintf("informer-%v", protobuf)
+			ns := uniqueName(fmt.Sprintf("informer-%v", protobuf))
 			sa := serviceAccount(t, ns, "agent", readWatch("configmaps"))
 			p := startProxy(t, generous("everyone", 100))
 			cs, err := kubernetes.NewForConfig(p.Config(sa.Token, protobuf))

@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	dto "github.com/prometheus/client_model/go"
 	rbacv1 "k8s.io/api/rbac/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -224,4 +225,10 @@ func testLogger() logr.Logger {
 		return logr.Discard()
 	}
 	return funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: 2})
+}
+
+// uniqueName returns prefix with a random suffix, so that tests can run
+// repeatedly against one API server.
+func uniqueName(prefix string) string {
+	return prefix + "-" + utilrand.String(5)
 }

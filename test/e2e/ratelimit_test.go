@@ -20,7 +20,7 @@ import (
 // gets its watch.
 func TestTooManyRequestsCarryRetryAfterAndClientGoHonoursIt(t *testing.T) {
 	ctx := context.Background()
-	const ns = "busy"
+	ns := uniqueName("busy")
 	sa := serviceAccount(t, ns, "busy", readWatch("configmaps"))
 	p := startProxy(t, ratelimit.Budget{
 		Name: "one-per-second", Precedence: 1, Enforcement: ratelimit.Enforce,

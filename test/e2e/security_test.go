@@ -81,7 +81,7 @@ func statusOf(err error) *metav1.Status {
 // A caller that may not impersonate cannot spend another identity's budget
 // with Impersonate-User; one that may, spends the impersonated user's.
 func TestImpersonationChargesOnlyWhenAllowed(t *testing.T) {
-	const ns = "impersonation"
+	ns := uniqueName("impersonation")
 	victim := serviceAccount(t, ns, "victim", readWatch("configmaps"))
 	mallory := serviceAccount(t, ns, "mallory", readWatch("configmaps"))
 	agent := serviceAccount(t, ns, "agent", rbacv1.PolicyRule{
@@ -94,7 +94,7 @@ func TestImpersonationChargesOnlyWhenAllowed(t *testing.T) {
 	}
 	p := startProxy(t, victimBudget, generous("everyone", 100))
 
-	const path = "/api/v1/namespaces/" + ns + "/configmaps?watch=true&timeoutSeconds=1"
+	path := "/api/v1/namespaces/" + ns + "/configmaps?watch=true&timeoutSeconds=1"
 	asVictim := map[string]string{"Impersonate-User": victim.Username()}
 
 	for range 3 {

@@ -19,7 +19,7 @@ import (
 // whatever the requests did (rejected, abandoned by the client, refused).
 func TestShutdownClosesWatchesSpreadAndLeavesNoGoroutine(t *testing.T) {
 	ctx := context.Background()
-	const ns = "shutdown"
+	ns := uniqueName("shutdown")
 	sa := serviceAccount(t, ns, "agent", readWatch("configmaps"))
 	p := startProxy(t, generous("everyone", 100))
 	cs, err := kubernetes.NewForConfig(p.Config(sa.Token, false))

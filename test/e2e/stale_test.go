@@ -68,7 +68,7 @@ func ptrTo[T any](v T) *T { return &v }
 // API server would have answered, in JSON and in protobuf.
 func TestStaleResubscriptionLoopReachesAPIServerOnce(t *testing.T) {
 	ctx := context.Background()
-	const namespace = "seed"
+	namespace := uniqueName("seed")
 	sa := serviceAccount(t, namespace, "dashboard", readWatch("podtemplates"))
 	rv := makeStale(t, namespace)
 	p := startProxy(t, generous("everyone", 100))
@@ -78,6 +78,8 @@ func TestStaleResubscriptionLoopReachesAPIServerOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	learnedBefore := proxyMetric(t, "watchgate_proxy_stale_versions_learned_total", nil)
+	staleRejected := map[string]string{"verb": "watch", "decision": "reject", "reason": "StaleResourceVersion", "budget": "everyone"}
+	rejectedBefore := proxyMetric(t, "watchgate_proxy_requests_total", staleRejected)
 
 	resubscribe := func(protobuf bool) error {
 		cs, err := kubernetes.NewForConfig(p.Config(sa.Token, protobuf))
@@ -137,7 +139,7 @@ func TestStaleResubscriptionLoopReachesAPIServerOnce(t *testing.T) {
 	if got := proxyMetric(t, "watchgate_proxy_stale_versions_learned_total", nil) - learnedBefore; got != 1 {
 		t.Errorf("stale versions learned = %v, want 1", got)
 	}
-	rejected := proxyMetric(t, "watchgate_proxy_requests_total", map[string]string{"verb": "watch", "decision": "reject", "reason": "StaleResourceVersion", "budget": "everyone"})
+	rejected := proxyMetric(t, "watchgate_proxy_requests_total", staleRejected) - rejectedBefore
 	if rejected < 100 {
 		t.Errorf("stale watches answered locally = %v, want >= 100", rejected)
 	}
