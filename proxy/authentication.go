@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -57,17 +58,40 @@ func withAuthentication(auth authenticator.Token, log *sampledLogger, next http.
 	})
 }
 
-// bearerToken returns the token of an "Authorization: Bearer <token>" header.
+// webSocketTokenPrefix marks the WebSocket subprotocol that carries a
+// bearer token for browsers, which cannot set Authorization on a WebSocket
+// (as kube-apiserver's pkg/authentication/request/websocket).
+const webSocketTokenPrefix = "base64url.bearer.authorization.k8s.io."
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header or, for a WebSocket upgrade without one, of the
+// base64url.bearer.authorization.k8s.io.<token> subprotocol. Both headers
+// are forwarded unchanged.
 func bearerToken(h http.Header) (string, bool) {
-	scheme, token, ok := strings.Cut(strings.TrimSpace(h.Get("Authorization")), " ")
-	if !ok || !strings.EqualFold(scheme, "bearer") {
-		return "", false
+	var token string
+	if scheme, t, ok := strings.Cut(strings.TrimSpace(h.Get("Authorization")), " "); ok && strings.EqualFold(scheme, "bearer") {
+		token = strings.TrimSpace(t)
+	} else if h.Get("Authorization") == "" && strings.EqualFold(h.Get("Upgrade"), "websocket") {
+		token = webSocketToken(h.Values("Sec-WebSocket-Protocol"))
 	}
-	token = strings.TrimSpace(token)
 	if token == "" || len(token) > maxTokenBytes {
 		return "", false
 	}
 	return token, true
+}
+
+func webSocketToken(protocols []string) string {
+	for _, list := range protocols {
+		for _, p := range strings.Split(list, ",") {
+			if enc, ok := strings.CutPrefix(strings.TrimSpace(p), webSocketTokenPrefix); ok {
+				if raw, err := base64.RawURLEncoding.DecodeString(enc); err == nil {
+					return string(raw)
+				}
+				return ""
+			}
+		}
+	}
+	return ""
 }
 
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create

@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,11 +26,17 @@ func TestAuthentication(t *testing.T) {
 		wantCode int
 		wantUser string
 	}{
-		"no Authorization header gets 401 unforwarded":  {header: "", auth: testTokens, wantCode: 401},
-		"basic auth is not a bearer token":              {header: "Basic YWxpY2U6cHc=", auth: testTokens, wantCode: 401},
-		"an unknown token gets 401 unforwarded":         {header: "Bearer nope", auth: testTokens, wantCode: 401},
-		"a known token reaches the next filter":         {header: "Bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
-		"the scheme is case-insensitive":                {header: "bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
+		"no Authorization header gets 401 unforwarded": {header: "", auth: testTokens, wantCode: 401},
+		"basic auth is not a bearer token":             {header: "Basic YWxpY2U6cHc=", auth: testTokens, wantCode: 401},
+		"an unknown token gets 401 unforwarded":        {header: "Bearer nope", auth: testTokens, wantCode: 401},
+		"a known token reaches the next filter":        {header: "Bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
+		"the scheme is case-insensitive":               {header: "bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
+		"a WebSocket may carry the token as a subprotocol": {
+			header: "ws:base64url.bearer.authorization.k8s.io." + base64.RawURLEncoding.EncodeToString([]byte("alice")), auth: testTokens, wantCode: 200, wantUser: "alice",
+		},
+		"a WebSocket subprotocol that is not base64 is no token": {
+			header: "ws:base64url.bearer.authorization.k8s.io.!!", auth: testTokens, wantCode: 401,
+		},
 		"throttled reviews get 429 with Retry-After":    {header: "Bearer alice", auth: failingTokens(errReviewsThrottled), wantCode: 429},
 		"a review that fails gets 503 with Retry-After": {header: "Bearer alice", auth: failingTokens(errors.New("boom")), wantCode: 503},
 		"an oversized token is rejected without review": {header: "Bearer " + string(make([]byte, maxTokenBytes+1)), auth: failingTokens(errors.New("reviewed")), wantCode: 401},
@@ -40,7 +48,10 @@ func TestAuthentication(t *testing.T) {
 				got = u.GetName()
 			}))
 			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
-			if tc.header != "" {
+			if proto, ok := strings.CutPrefix(tc.header, "ws:"); ok {
+				req.Header.Set("Upgrade", "websocket")
+				req.Header.Set("Sec-WebSocket-Protocol", "v4.channel.k8s.io, "+proto)
+			} else if tc.header != "" {
 				req.Header.Set("Authorization", tc.header)
 			}
 			rec := httptest.NewRecorder()
@@ -49,7 +60,7 @@ func TestAuthentication(t *testing.T) {
 				t.Fatalf("HTTP %d, user %q; want %d, %q", rec.Code, got, tc.wantCode, tc.wantUser)
 			}
 			if tc.wantCode == 200 {
-				if req.Header.Get("Authorization") != tc.header {
+				if !strings.HasPrefix(tc.header, "ws:") && req.Header.Get("Authorization") != tc.header {
 					t.Errorf("Authorization header changed to %q", req.Header.Get("Authorization"))
 				}
 				return

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -160,4 +161,9 @@ func get(t *testing.T, srv *httptest.Server, token, path string, headers ...stri
 
 func schemaGR(group, resource string) schema.GroupResource {
 	return schema.GroupResource{Group: group, Resource: resource}
+}
+
+// funcLogger is a logr.Logger that hands each message to f.
+func funcLogger(f func(msg string)) logr.Logger {
+	return funcr.New(func(_, args string) { f(args) }, funcr.Options{})
 }

@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/cert"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -107,5 +110,54 @@ func TestServerLifecycle(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Start did not return after shutdown")
+	}
+}
+
+// A serving certificate given as files is reloaded when the files change.
+func TestServingCertificateReloads(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	write := func(host string) {
+		certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey(host, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	served := func(sc *servingCertificate) string {
+		c, err := sc.getCertificate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return parsed.Subject.CommonName
+	}
+	write("first")
+	sc, err := newServingCertificate(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sc.watch(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if got := served(sc); !strings.HasPrefix(got, "first") {
+		t.Fatalf("serving %q, want the first certificate", got)
+	}
+	write("second")
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.HasPrefix(served(sc), "second") {
+		if time.Now().After(deadline) {
+			t.Fatalf("still serving %q 20s after the files changed", served(sc))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

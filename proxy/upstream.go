@@ -109,6 +109,9 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 			if ws == nil {
 				return nil
 			}
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				return nil // a watch over WebSocket: relayed, not inspected
+			}
 			ws.upstreamCode.Store(int32(resp.StatusCode))
 			if resp.StatusCode != http.StatusOK {
 				return nil

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// Shutdown closes open watches one by one, evenly over the grace period,
+// and refuses new ones from its start.
+func TestCloseSpread(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	o := newOpenWatches()
+	stoppedAt := map[*watchState]time.Time{}
+	var list []*watchState
+	for range 4 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ws := &watchState{clientCtx: ctx}
+		ws.cancel = func() { stoppedAt[ws] = clk.Now(); cancel() }
+		if !o.add(ws) {
+			t.Fatal("add refused before shutdown")
+		}
+		list = append(list, ws)
+	}
+	o.remove(list[3]) // ended on its own
+
+	o.closeSpread(clk, 9*time.Second)
+
+	if len(stoppedAt) != 3 {
+		t.Fatalf("stopped %d watches, want the 3 open ones", len(stoppedAt))
+	}
+	seen := map[time.Duration]bool{}
+	for ws, at := range stoppedAt {
+		if !ws.stopped.Load() || !ws.clientGone() {
+			t.Error("a stopped watch does not count as ended by the proxy")
+		}
+		seen[at.Sub(t0)] = true
+	}
+	for _, want := range []time.Duration{0, 3 * time.Second, 6 * time.Second} {
+		if !seen[want] {
+			t.Errorf("no watch stopped at +%v; stopped at %v", want, seen)
+		}
+	}
+	if o.add(&watchState{}) {
+		t.Error("a new watch was admitted after shutdown began")
+	}
+}
+
+func TestSampledLoggerCountsWhatItDrops(t *testing.T) {
+	var lines []string
+	log := newSampledLogger(funcLogger(func(msg string) { lines = append(lines, msg) }), 1e-9, 2)
+	for range 10 {
+		log.Info("storm")
+	}
+	if len(lines) != 2 || log.suppressed.Load() != 8 {
+		t.Fatalf("logged %d lines, suppressed %d; want 2, 8", len(lines), log.suppressed.Load())
+	}
+}
