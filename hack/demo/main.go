@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -223,19 +222,10 @@ type watchgate struct {
 	done                 chan struct{}
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 func startWatchgate(ctx context.Context, binary, kubeconfig string) (*watchgate, error) {
 	var addrs [3]string
 	for i := range addrs {
-		a, err := freeAddr()
+		a, err := apiserver.FreeAddr()
 		if err != nil {
 			return nil, err
 		}

@@ -3,7 +3,6 @@ package packaging
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/watchgate/watchgate/test/apiserver"
 )
 
 // TestChartPodRunsWithTheChartsRBAC runs the watchgate binary the way the
@@ -195,12 +196,11 @@ func waitFor(t *testing.T, exited <-chan struct{}, waitErr *error, timeout time.
 // freeAddress returns a loopback address with a port nothing listens on.
 func freeAddress(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := apiserver.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // lockedBuffer collects the process's stdout and stderr while the test
