@@ -22,7 +22,9 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -194,8 +196,12 @@ func run(ctx context.Context, args []string) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "watchgate.watchgate.io",
 		LeaderElectionNamespace: o.leaderElectionNS,
-		// The proxy drains its watches itself; give it room.
-		GracefulShutdownTimeout: ptrDuration(o.shutdownGrace + 10*time.Second),
+		// The proxy drains its watches itself (drain delay, then the grace
+		// period); give it room.
+		GracefulShutdownTimeout: ptr.To(o.shutdownGrace + 15*time.Second),
+		// One manager per process; run may still be called again in the
+		// same process (tests), and controller names are fixed.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
@@ -235,5 +241,3 @@ func run(ctx context.Context, args []string) error {
 	log.Info("Starting watchgate", "version", version, "proxy", o.proxyBindAddress, "upstream", cfg.Host, "pod", o.podName)
 	return mgr.Start(ctx)
 }
-
-func ptrDuration(d time.Duration) *time.Duration { return &d }

@@ -2,9 +2,11 @@ package seed
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +21,14 @@ var env *apiserver.Env
 func TestMain(m *testing.M) {
 	os.Exit(apiserver.Main(m, apiserver.Options{StaleVersions: true}, &env))
 }
+
+// uniqueNamespace names a namespace no other run of a test in this process
+// has used, so that tests can run repeatedly (-count) against one API server.
+func uniqueNamespace(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, namespaces.Add(1))
+}
+
+var namespaces atomic.Int64
 
 // staleItemVersion lists a fresh namespace's ConfigMaps after etcd compacted
 // past its first item: it returns the item's (stale) resourceVersion and the
@@ -45,7 +55,7 @@ func staleItemVersion(t *testing.T, ctx context.Context, ns string) (itemRV, lis
 func TestStaleItemVersionIsExpiredInsideA200Stream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := "seed-expired"
+	ns := uniqueNamespace("seed-expired")
 	itemRV, listRV := staleItemVersion(t, ctx, ns)
 	path := "/api/v1/namespaces/" + ns + "/configmaps"
 
@@ -106,7 +116,7 @@ func TestStaleItemVersionIsExpiredInsideA200Stream(t *testing.T) {
 func TestEveryStaleResubscriptionReachesTheAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := "seed-loop"
+	ns := uniqueNamespace("seed-loop")
 	itemRV, _ := staleItemVersion(t, ctx, ns)
 	path := "/api/v1/namespaces/" + ns + "/configmaps"
 
