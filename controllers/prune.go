@@ -18,7 +18,7 @@ import (
 	"github.com/watchgate/watchgate/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups="",resources=pods,verbs=list
+// +kubebuilder:rbac:groups="",namespace=watchgate-system,resources=pods,verbs=list
 
 // DefaultPruneInterval is how often the leader looks for entries of replicas
 // that are gone.

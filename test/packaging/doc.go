@@ -9,8 +9,10 @@
 //     testdata/values-*.yaml;
 //   - values.schema.json rejects unknown keys (a typo fails rendering), is
 //     closed at every level, and every value is commented in values.yaml;
-//   - the chart's CRD and ClusterRole are the ones controller-gen generates
-//     into config/ (charts/watchgate/hack/sync-generated.sh copies them);
+//   - the chart's CRD, ClusterRole and namespaced Role are the ones
+//     controller-gen generates into config/
+//     (charts/watchgate/hack/sync-generated.sh copies them); pods are
+//     readable in the release namespace only;
 //   - `helm template` and `kubectl kustomize config/default` (with each TLS
 //     component) apply with server-side dry-run and strict field validation,
 //     with no warning (the restricted Pod Security Standard included), once

@@ -22,7 +22,7 @@ func TestChartCopiesOfGeneratedFilesAreFresh(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("sync-generated.sh: %v\n%s", err, b)
 	}
-	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml"} {
+	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml", "role.yaml"} {
 		want, err := os.ReadFile(filepath.Join(out, name))
 		if err != nil {
 			t.Fatal(err)
@@ -83,19 +83,29 @@ func specText(t *testing.T, manifest string) string {
 }
 
 // TestChartRBACIsTheGeneratedRBAC renders the chart and compares its
-// ClusterRole's rules with config/rbac/role.yaml (rendered by controller-gen
-// from the code's markers): exactly the same rules, so that the chart grants
-// what the code uses and nothing more. The only other permission, the
-// leader-election Lease, is a Role in the release namespace.
+// ClusterRole's and its manager Role's rules with config/rbac/role.yaml
+// (rendered by controller-gen from the code's markers): exactly the same
+// rules, so that the chart grants what the code uses and nothing more. The
+// Role (markers with namespace=watchgate-system) is in the release
+// namespace, whatever it is; pods are readable there only. The only other
+// permission, the leader-election Lease, is a Role in the release namespace
+// too.
 func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
-	var role map[string]any
-	if err := yaml.Unmarshal([]byte(readFile(t, "config/rbac/role.yaml")), &role); err != nil {
-		t.Fatal(err)
+	generated := decode(t, readFile(t, "config/rbac/role.yaml"))
+	genCR := find(t, generated, "ClusterRole", "watchgate-manager")
+	genRole := find(t, generated, "Role", "watchgate-manager")
+	if len(generated) != 2 || genRole.GetNamespace() != "watchgate-system" {
+		t.Errorf("config/rbac/role.yaml: want a ClusterRole and a Role in watchgate-system, got %d objects, the Role in %q", len(generated), genRole.GetNamespace())
 	}
+
 	objs := decode(t, render(t, "watchgate", "watchgate-system"))
 	cr := find(t, objs, "ClusterRole", "watchgate-manager")
-	if !reflect.DeepEqual(role["rules"], cr.Object["rules"]) {
-		t.Errorf("chart ClusterRole rules differ from config/rbac/role.yaml:\nchart: %v\nconfig: %v", cr.Object["rules"], role["rules"])
+	if !reflect.DeepEqual(genCR.Object["rules"], cr.Object["rules"]) {
+		t.Errorf("chart ClusterRole rules differ from config/rbac/role.yaml:\nchart: %v\nconfig: %v", cr.Object["rules"], genCR.Object["rules"])
+	}
+	role := find(t, objs, "Role", "watchgate-manager")
+	if !reflect.DeepEqual(genRole.Object["rules"], role.Object["rules"]) {
+		t.Errorf("chart Role rules differ from config/rbac/role.yaml:\nchart: %v\nconfig: %v", role.Object["rules"], genRole.Object["rules"])
 	}
 
 	// What the design says the code needs; a marker that disappears is a bug
@@ -111,6 +121,16 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 			t.Errorf("ClusterRole does not allow %s %s.%s", need.verb, need.resource, need.group)
 		}
 	}
+	// The pruner lists its replicas' pods in its own namespace, never
+	// cluster-wide.
+	if !allows(role.Object["rules"], "", "pods", "list") {
+		t.Errorf("manager Role does not allow list pods: %v", role.Object["rules"])
+	}
+	for _, verb := range []string{"get", "list", "watch"} {
+		if allows(cr.Object["rules"], "", "pods", verb) {
+			t.Errorf("ClusterRole allows %s pods cluster-wide; pods belong in the namespaced Role", verb)
+		}
+	}
 	le := find(t, objs, "Role", "watchgate-leader-election")
 	if le.GetNamespace() != "watchgate-system" || !allows(le.Object["rules"], "coordination.k8s.io", "leases", "update") {
 		t.Errorf("leader-election Role: want leases in the release namespace, got %v in %q", le.Object["rules"], le.GetNamespace())
@@ -120,10 +140,31 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 			t.Errorf("unexpected ClusterRole %s", o.GetName())
 		}
 	}
-	binding := find(t, objs, "ClusterRoleBinding", "watchgate-manager")
-	subjects, _ := binding.Object["subjects"].([]any)
-	if len(subjects) != 1 || subjects[0].(map[string]any)["name"] != "watchgate" || subjects[0].(map[string]any)["namespace"] != "watchgate-system" {
-		t.Errorf("ClusterRoleBinding subjects = %v, want the chart's ServiceAccount", subjects)
+	for _, b := range []struct{ kind, roleKind string }{
+		{"ClusterRoleBinding", "ClusterRole"},
+		{"RoleBinding", "Role"},
+	} {
+		binding := find(t, objs, b.kind, "watchgate-manager")
+		if ref, _ := binding.Object["roleRef"].(map[string]any); ref["kind"] != b.roleKind || ref["name"] != "watchgate-manager" {
+			t.Errorf("%s roleRef = %v, want %s watchgate-manager", b.kind, ref, b.roleKind)
+		}
+		subjects, _ := binding.Object["subjects"].([]any)
+		if len(subjects) != 1 || subjects[0].(map[string]any)["name"] != "watchgate" || subjects[0].(map[string]any)["namespace"] != "watchgate-system" {
+			t.Errorf("%s subjects = %v, want the chart's ServiceAccount", b.kind, subjects)
+		}
+	}
+
+	// In another release namespace, the Role and its binding follow it.
+	for _, o := range decode(t, render(t, "watchgate", "ops")) {
+		if (o.GetKind() == "Role" || o.GetKind() == "RoleBinding") && o.GetNamespace() != "ops" {
+			t.Errorf("release in ops: %s %s is in %q", o.GetKind(), o.GetName(), o.GetNamespace())
+		}
+	}
+	// rbac.create=false leaves out every role and binding.
+	for _, o := range decode(t, render(t, "watchgate", "watchgate-system", "--set", "rbac.create=false")) {
+		if strings.HasSuffix(o.GetKind(), "Role") || strings.HasSuffix(o.GetKind(), "RoleBinding") {
+			t.Errorf("rbac.create=false still renders %s %s", o.GetKind(), o.GetName())
+		}
 	}
 }
 

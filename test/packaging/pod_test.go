@@ -27,6 +27,9 @@ import (
 // test plays it: a missing permission (a Lease, a status patch, a
 // TokenReview) shows up as a replica that never turns ready or an error in
 // its log. Then a watch goes through the proxy, trusting the chart's CA.
+// Last, the API server confirms the ServiceAccount may list pods in the
+// release namespace only (the pruner's one-minute round is later than the
+// test looks).
 func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	installPrerequisites(t)
 	dir := t.TempDir()
@@ -173,6 +176,25 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	denied := regexp.MustCompile(regexp.QuoteMeta("system:serviceaccount:"+releaseNamespace+":watchgate") + `\\*" cannot [a-z]+ resource`)
 	if m := denied.FindString(log.String()); m != "" {
 		t.Errorf("watchgate logged %q: the chart's RBAC misses a permission the code uses", m)
+	}
+
+	// The leader lists its replicas' pods (to prune their status entries)
+	// only once a minute, later than this test looks: ask the API server,
+	// with the ServiceAccount's own token, that it may list pods in its
+	// namespace and nowhere else.
+	for _, q := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "pods", "--namespace", releaseNamespace}, "yes"},
+		{[]string{"list", "pods", "--namespace", "default"}, "no"},
+		{[]string{"list", "pods", "--all-namespaces"}, "no"},
+	} {
+		// kubectl auth can-i exits 1 on "no"; the answer is what counts.
+		out, _ := env.KubectlAs(t.Context(), kubeconfig, append([]string{"auth", "can-i"}, q.args...)...)
+		if got := strings.TrimSpace(out); !strings.HasPrefix(got, q.want) {
+			t.Errorf("the chart's ServiceAccount: can-i %s = %q, want %s", strings.Join(q.args, " "), got, q.want)
+		}
 	}
 }
 
