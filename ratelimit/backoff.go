@@ -28,7 +28,7 @@ type backoffState struct {
 //
 // Keys are not tracked beyond Options.MaxTrackedKeys. id.sh.mu is held.
 func (e *Engine) learn(id *identity, key watchKey, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
-	if bo.Initial <= 0 {
+	if bo.Initial <= 0 || outcome == OutcomeDenied {
 		return
 	}
 	sh := id.sh

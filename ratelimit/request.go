@@ -125,6 +125,10 @@ const (
 	// away).
 	OutcomeClosed Outcome = iota + 1
 	// OutcomeError: the stream ended with an ERROR event, a transport
-	// error, or a non-200 answer.
+	// error, or a non-200 answer other than OutcomeDenied's.
 	OutcomeError
+	// OutcomeDenied: the API server refused the caller (401 or 403). The
+	// caller's rights, not the watch, are at fault: it is neither a
+	// failure nor a success, and nothing is remembered for its key.
+	OutcomeDenied
 )
