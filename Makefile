@@ -43,7 +43,11 @@ test: ## Run every test (unit, integration, end to end) against a real kube-apis
 	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./...
 
 .PHONY: bench
-bench: ## Run the engine and proxy benchmarks (results go in BENCHMARKS.md).
+bench: build ## Measure direct vs a bare reverse proxy vs watchgate on a real API server (~3 min); writes BENCHMARKS.md.
+	@assets=$$(hack/testbin.sh) && echo ">> go run ./hack/bench (compiles on the first run)" && cd hack/bench && KUBEBUILDER_ASSETS=$$assets go run . -watchgate ../../bin/watchgate
+
+.PHONY: bench-go
+bench-go: ## Run the Go benchmarks of the engine and the proxy (ratelimit/, proxy/).
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets go test -run '^$$' -bench . -benchmem ./ratelimit/ ./proxy/
 
 .PHONY: docker-build

@@ -33,11 +33,24 @@ echo ">> building the test bed (kube-apiserver, etcd, kubectl $KUBE_VERSION) int
 echo ">> a cold build takes ~8 minutes on 2 cores; later runs reuse it" >&2
 cd "$here/testbin"
 start=$(date +%s)
+# A ticker tells a newcomer every 15 s what is being built and for how long,
+# on stderr: stdout stays exactly the folder.
+progress=$tmp/.building
+ticker() {
+  while sleep 15; do
+    echo ">>   still building $(cat "$progress" 2>/dev/null): $(( $(date +%s) - start ))s so far" >&2
+  done
+}
+ticker >&2 &  # not on stdout: `$(hack/testbin.sh)` would wait for it
+ticker_pid=$!
+trap 'kill "$ticker_pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 for target in k8s.io/kubernetes/cmd/kube-apiserver ./etcd k8s.io/kubernetes/cmd/kubectl; do
   name=$(basename "$target")
-  echo ">>   go build $name" >&2
+  echo "$name" >"$progress"
+  echo ">>   go build $name ($(( $(date +%s) - start ))s elapsed)" >&2
   CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" "$target"
 done
+kill "$ticker_pid" 2>/dev/null || true
 mv "$tmp"/kube-apiserver "$tmp"/etcd "$tmp"/kubectl "$dir"/
 touch "$dir/.complete"
 echo ">> test bed ready in $(( $(date +%s) - start ))s: $dir" >&2

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"time"
+)
+
+// Kinds of measured work.
+const (
+	kindGet       = "get"
+	kindOpen      = "open"
+	kindJSON      = "json"
+	kindProtobuf  = "protobuf"
+	settleLimit   = 20 * time.Second
+	settleWaitFor = 2 * time.Second
+)
+
+// stats is what one path accumulated over the rounds.
+type stats struct {
+	// latencies of GETs and watch opens.
+	latencies map[string][]time.Duration
+	// rates are events/s, one per replay, by encoding.
+	rates map[string][]float64
+	// work counts requests (get, open) or events (json, protobuf) whose
+	// proxy CPU is in cpu.
+	work map[string]int
+	cpu  map[string]time.Duration
+	// rssPerWatch is the RSS growth per idle watch in bytes; 0 if not
+	// measured.
+	rssPerWatch float64
+	rssBefore   int64
+	rssAfter    int64
+}
+
+type results map[string]*stats
+
+func newResults(ts []*target) results {
+	r := results{}
+	for _, t := range ts {
+		r[t.name] = &stats{latencies: map[string][]time.Duration{}, rates: map[string][]float64{}, work: map[string]int{}, cpu: map[string]time.Duration{}}
+	}
+	return r
+}
+
+// cpuOf reads t's proxy CPU; 0 for direct.
+func cpuOf(t *target) (time.Duration, error) {
+	if t.proc == nil {
+		return 0, nil
+	}
+	return processCPU(t.proc.pid())
+}
+
+// block runs f, adds the proxy CPU it took to kind, and counts n units.
+func block(t *target, s *stats, kind string, f func() (int, error)) error {
+	before, err := cpuOf(t)
+	if err != nil {
+		return err
+	}
+	n, err := f()
+	if err != nil {
+		return err
+	}
+	after, err := cpuOf(t)
+	if err != nil {
+		return err
+	}
+	s.cpu[kind] += after - before
+	s.work[kind] += n
+	return nil
+}
+
+// oneRound is one path's share of a round.
+func oneRound(ctx context.Context, t *target, res results, c config, rvGet string) error {
+	s := res[t.name]
+	if err := block(t, s, kindGet, func() (int, error) {
+		for range c.gets {
+			d, err := t.get(ctx, objectPath(nsGet, "target"))
+			if err != nil {
+				return 0, err
+			}
+			s.latencies[kindGet] = append(s.latencies[kindGet], d)
+		}
+		return c.gets, nil
+	}); err != nil {
+		return err
+	}
+	if err := block(t, s, kindOpen, func() (int, error) {
+		for range c.opens {
+			d, err := t.watchOpen(ctx, collectionPath(nsGet), rvGet)
+			if err != nil {
+				return 0, err
+			}
+			s.latencies[kindOpen] = append(s.latencies[kindOpen], d)
+		}
+		return c.opens, nil
+	}); err != nil {
+		return err
+	}
+	for _, enc := range []struct{ kind, accept string }{{kindJSON, mediaJSON}, {kindProtobuf, mediaProto}} {
+		if err := block(t, s, enc.kind, func() (int, error) {
+			total := 0
+			for range c.replays {
+				n, d, err := t.replay(ctx, collectionPath(nsReplay), enc.accept)
+				if err != nil {
+					return 0, err
+				}
+				if n != c.objects {
+					return 0, fmt.Errorf("%s: %s replay delivered %d ADDED events, want %d", t.name, enc.kind, n, c.objects)
+				}
+				s.rates[enc.kind] = append(s.rates[enc.kind], float64(n)/d.Seconds())
+				total += n
+			}
+			return total, nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// measureIdle opens n idle watches through t's proxy on a transport of
+// their own and records the proxy's settled RSS growth per watch.
+func measureIdle(ctx context.Context, t *target, res results, ns, rv string, n int) error {
+	s := res[t.name]
+	before, err := settledRSS(t.proc.pid(), settleLimit)
+	if err != nil {
+		return err
+	}
+	rt := newTransport(tokenOf(t), nil)
+	iw, err := t.openIdle(ctx, rt, collectionPath(ns), rv, n)
+	if err != nil {
+		return err
+	}
+	time.Sleep(settleWaitFor)
+	after, err := settledRSS(t.proc.pid(), settleLimit)
+	iw.close()
+	if err != nil {
+		return err
+	}
+	s.rssBefore, s.rssAfter = before, after
+	s.rssPerWatch = float64(after-before) / float64(n)
+	fmt.Printf("    %s: RSS %.1f MiB → %.1f MiB with %d idle watches: %.1f KiB per watch\n",
+		t.name, float64(before)/(1<<20), float64(after)/(1<<20), n, s.rssPerWatch/1024)
+	// Let the API server and the proxy drop the closed watches.
+	time.Sleep(settleWaitFor)
+	return nil
+}
+
+func tokenOf(t *target) string {
+	if tt, ok := t.rt.(tokenTransport); ok {
+		return tt.token
+	}
+	return ""
+}
+
+// percentile returns the p-th percentile (0 < p ≤ 100, nearest rank).
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func median(fs []float64) float64 {
+	if len(fs) == 0 {
+		return 0
+	}
+	s := slices.Clone(fs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func numCPU() int { return runtime.NumCPU() }
