@@ -2,31 +2,33 @@
 // test bed), puts bin/watchgate in front of them, and shows the seed
 // incident's storm — clients that re-subscribe forever with a resourceVersion
 // the API server already called too old — first hitting the API server
-// directly, then stopped by watchgate. Every figure it prints is counted, by
-// the clients and by the API server's own /metrics; nothing is hard-coded.
-// It stops by itself after about a minute and cleans up.
+// directly, then stopped by watchgate. While each storm runs, a well-behaved
+// client (an informer plus periodic GETs) measures what it sees, and the
+// upstream WATCH rate is sampled for a chart. Every figure it prints is
+// counted, by the clients and by the API server's own /metrics; nothing is
+// hard-coded. It stops by itself after about a minute and a half and cleans
+// up. It is a module of its own (hack/demo) so that its plotting library
+// stays out of the product's go.mod.
 package main
 
 import (
 	"context"
-	"crypto/tls"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/client-go/rest"
 
+	watchgatev1 "github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -55,10 +57,14 @@ spec:
     memorySeconds: 300
 `
 
+// configmaps is the collection the storm watches.
+const configmaps = "/api/v1/namespaces/demo/configmaps"
+
 func main() {
 	clients := flag.Int("clients", 20, "storming clients (browser tabs), 1-200")
 	duration := flag.Duration("storm", 10*time.Second, "how long each storm lasts, 1s-1m")
-	binary := flag.String("watchgate", "bin/watchgate", "the watchgate binary")
+	binary := flag.String("watchgate", filepath.Join(apiserver.RepoRoot(), "bin", "watchgate"), "the watchgate binary")
+	chart := flag.String("chart", filepath.Join(apiserver.RepoRoot(), "bin", "demo-watch-rate.png"), "where the chart goes (.png or .svg)")
 	flag.Parse()
 	if *clients < 1 || *clients > 200 || *duration < time.Second || *duration > time.Minute {
 		fmt.Fprintln(os.Stderr, "demo: --clients must be 1-200 and --storm 1s-1m")
@@ -66,7 +72,10 @@ func main() {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	if err := demo(ctx, *binary, *clients, *duration); err != nil {
+	ctx, stop := context.WithTimeout(ctx, 10*time.Minute) // bounded whatever happens
+	defer stop()
+	d := &demo{binary: *binary, chart: *chart, clients: *clients, storm: *duration}
+	if err := d.run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -74,7 +83,56 @@ func main() {
 
 func step(format string, args ...any) { fmt.Printf("\n==> "+format+"\n", args...) }
 
-func demo(ctx context.Context, binary string, clients int, storm time.Duration) error {
+// demo holds what the steps share.
+type demo struct {
+	binary, chart string
+	clients       int
+	storm         time.Duration
+
+	env       *apiserver.Env
+	dashboard apiserver.ServiceAccount // the storming agent's identity
+	good      apiserver.ServiceAccount // the well-behaved client's identity
+	staleRV   string
+	wg        *watchgate
+}
+
+// run is the demo, step by step; each step is a method below.
+func (d *demo) run(ctx context.Context) error {
+	if err := d.startControlPlane(); err != nil {
+		return err
+	}
+	defer d.env.Stop()
+	if err := d.createIdentities(ctx); err != nil {
+		return err
+	}
+	if err := d.makeVersionStale(ctx); err != nil {
+		return err
+	}
+	direct, err := d.stormDirect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := d.startWatchgate(ctx); err != nil {
+		return err
+	}
+	defer d.wg.stop()
+	through, err := d.stormThrough(ctx)
+	if err != nil {
+		return err
+	}
+	d.sideBySide(direct, through)
+	if err := d.drawChart(direct, through); err != nil {
+		return err
+	}
+	if err := d.showStatus(ctx); err != nil {
+		return err
+	}
+	d.showMetrics(ctx)
+	step("Done; stopping watchgate and the control plane")
+	return nil
+}
+
+func (d *demo) startControlPlane() error {
 	step("Starting a local control plane: kube-apiserver %s and etcd (no watch cache, etcd compacted every 5s)", apiserver.KubeVersion)
 	env, err := apiserver.Start(apiserver.Options{
 		StaleVersions:     true,
@@ -83,205 +141,167 @@ func demo(ctx context.Context, binary string, clients int, storm time.Duration) 
 	if err != nil {
 		return err
 	}
-	defer env.Stop()
+	d.env = env
 	fmt.Println("    API server:", env.Config.Host)
+	return nil
+}
 
-	sa, err := env.ServiceAccount(ctx, "demo", "dashboard")
-	if err != nil {
+func (d *demo) createIdentities(ctx context.Context) error {
+	read := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}
+	var err error
+	if d.dashboard, err = d.env.ServiceAccount(ctx, "demo", "dashboard"); err != nil {
 		return err
 	}
-	if err := env.Grant(ctx, sa, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}); err != nil {
+	if d.good, err = d.env.ServiceAccount(ctx, "demo", "well-behaved"); err != nil {
 		return err
 	}
-	fmt.Println("    a dashboard's identity:", sa.Username())
+	for _, sa := range []apiserver.ServiceAccount{d.dashboard, d.good} {
+		if err := d.env.Grant(ctx, sa, read); err != nil {
+			return err
+		}
+	}
+	fmt.Println("    a dashboard's identity:", d.dashboard.Username())
+	fmt.Println("    a well-behaved client's identity (an informer plus a GET every 50 ms):", d.good.Username())
+	return nil
+}
 
+func (d *demo) makeVersionStale(ctx context.Context) error {
 	step("Making a resourceVersion stale, as in the seed incident: create a ConfigMap, churn 100 more, wait for etcd to compact")
-	staleRV, err := env.StaleVersion(ctx, "demo", 100, 90*time.Second)
+	rv, err := d.env.StaleVersion(ctx, "demo", 100, 90*time.Second)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("    the first ConfigMap's resourceVersion %s is now \"too old\"\n", staleRV)
-	path := "/api/v1/namespaces/demo/configmaps"
+	d.staleRV = rv
+	fmt.Printf("    the first ConfigMap's resourceVersion %s is now \"too old\"\n", rv)
+	return nil
+}
 
-	step("Storm 1, straight at the API server: %d clients re-subscribe from resourceVersion %s for %s, at once after every answer", clients, staleRV, storm)
-	direct := env.ConfigFor(sa.Token, "", nil)
-	d, err := runStorm(ctx, env, direct, path, staleRV, clients, storm)
-	if err != nil {
-		return err
+func (d *demo) stormDirect(ctx context.Context) (stormResult, error) {
+	step("Storm 1, straight at the API server: %d clients re-subscribe from resourceVersion %s for %s, at once after every answer", d.clients, d.staleRV, d.storm)
+	r, err := runStorm(ctx, d.env, d.env.ConfigFor(d.dashboard.Token, "", nil), d.env.ConfigFor(d.good.Token, "", nil), configmaps, d.staleRV, d.clients, d.storm)
+	if err == nil {
+		r.print()
 	}
-	d.print()
+	return r, err
+}
 
+func (d *demo) startWatchgate(ctx context.Context) error {
 	step("Starting watchgate in front of the API server, with a WatchBudget for the dashboard")
-	apply := exec.CommandContext(ctx, filepath.Join(env.AssetsDir, "kubectl"), "--kubeconfig="+env.Kubeconfig, "apply", "-f", "-")
-	apply.Stdin = strings.NewReader(budget)
-	apply.Stdout, apply.Stderr = os.Stdout, os.Stderr
-	if err := apply.Run(); err != nil {
-		return fmt.Errorf("kubectl apply: %w", err)
-	}
-	wg, err := startWatchgate(ctx, binary, env.Kubeconfig)
-	if err != nil {
+	file := filepath.Join(os.TempDir(), "watchgate-demo-budget.yaml")
+	if err := os.WriteFile(file, []byte(budget), 0o600); err != nil {
 		return err
 	}
-	defer wg.stop()
-	fmt.Println("    proxy:", wg.proxyURL, " metrics:", wg.metricsURL)
-
-	step("Storm 2, the same clients through watchgate (only the server URL changed)")
-	through := env.ConfigFor(sa.Token, wg.proxyURL, nil)
-	through.TLSClientConfig = rest.TLSClientConfig{Insecure: true} // the demo's proxy serves a self-signed certificate
-	p, err := runStorm(ctx, env, through, path, staleRV, clients, storm)
-	if err != nil {
-		return err
-	}
-	p.print()
-
-	step("Side by side")
-	fmt.Printf("    %-28s %12s %12s\n", "", "direct", "watchgate")
-	fmt.Printf("    %-28s %12d %12d\n", "resubscriptions by clients", d.attempts, p.attempts)
-	fmt.Printf("    %-28s %12.0f %12.0f\n", "WATCHes reaching API server", d.upstream, p.upstream)
-	fmt.Printf("    %-28s %12.1f %12.1f\n", "upstream WATCH/s", d.upstream/storm.Seconds(), p.upstream/storm.Seconds())
-	if p.upstream < d.upstream {
-		fmt.Printf("    watchgate kept %.1f%% of the storm away from the API server\n", 100*(1-p.upstream/max(d.upstream, 1)))
-	}
-
-	step("What the operator sees: kubectl get wb")
-	time.Sleep(16 * time.Second) // replicas write status at most every 15s
-	out, err := env.Kubectl(ctx, "get", "wb", "-o", "wide")
+	out, err := d.env.Kubectl(ctx, "apply", "-f", file)
 	fmt.Print(indent(out))
 	if err != nil {
 		return err
 	}
-	step("And watchgate's own metrics (no user names in labels)")
-	fmt.Print(indent(grepMetrics(ctx, wg.metricsURL, "watchgate_proxy_requests_total", "watchgate_proxy_stale_versions_learned_total", "watchgate_proxy_upstream_watch_opens_total")))
-	step("Done; stopping watchgate and the control plane")
+	d.wg, err = startWatchgate(ctx, d.binary, d.env.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	fmt.Println("    proxy:", d.wg.proxyURL, " metrics:", d.wg.metricsURL)
 	return nil
 }
 
-type stormResult struct {
-	attempts int64
-	answers  map[string]int64
-	upstream float64
+// proxied is a client config for the proxy; the demo's proxy serves a
+// self-signed certificate.
+func (d *demo) proxied(token string) *rest.Config {
+	cfg := d.env.ConfigFor(token, d.wg.proxyURL, nil)
+	cfg.TLSClientConfig = rest.TLSClientConfig{Insecure: true}
+	return cfg
 }
 
-func (r stormResult) print() {
-	fmt.Printf("    %d resubscriptions; answers:", r.attempts)
-	for k, v := range r.answers {
-		fmt.Printf(" %s×%d", k, v)
+func (d *demo) stormThrough(ctx context.Context) (stormResult, error) {
+	step("Storm 2, the same clients through watchgate (only the server URL changed); the well-behaved client too")
+	r, err := runStorm(ctx, d.env, d.proxied(d.dashboard.Token), d.proxied(d.good.Token), configmaps, d.staleRV, d.clients, d.storm)
+	if err == nil {
+		r.print()
 	}
-	fmt.Printf("\n    the API server counted %.0f WATCH requests on configmaps (apiserver_request_total)\n", r.upstream)
+	return r, err
 }
 
-// runStorm runs clients that do what the seed's dashboard did: watch from
-// rv, read until the stream ends, and re-subscribe at once with the same rv.
-func runStorm(ctx context.Context, env *apiserver.Env, cfg *rest.Config, path, rv string, clients int, d time.Duration) (stormResult, error) {
-	before, err := env.WatchRequests(ctx, "", "configmaps")
-	if err != nil {
-		return stormResult{}, err
+func (d *demo) sideBySide(direct, through stormResult) {
+	step("Side by side")
+	s := d.storm.Seconds()
+	fmt.Printf("    %-40s %12s %12s\n", "", "direct", "watchgate")
+	fmt.Printf("    %-40s %12d %12d\n", "resubscriptions by clients", direct.attempts, through.attempts)
+	fmt.Printf("    %-40s %12.0f %12.0f\n", "WATCHes reaching API server", direct.upstream, through.upstream)
+	fmt.Printf("    %-40s %12.1f %12.1f\n", "upstream WATCH/s", direct.upstream/s, through.upstream/s)
+	// One stale version is stormed, on one resource, by one replica.
+	fmt.Printf("    %-40s %12.0f %12.0f   (target: 1)\n", "upstream WATCHes per stale version", direct.upstream, through.upstream)
+	fmt.Printf("    %-40s %12.1f %12.1f\n", "API server CPU seconds during the storm", direct.apiCPU, through.apiCPU)
+	fmt.Printf("    %-40s %12s %12s\n", "well-behaved client GET p50", ms(direct.wellBehaved.p50), ms(through.wellBehaved.p50))
+	fmt.Printf("    %-40s %12s %12s\n", "well-behaved client GET p99", ms(direct.wellBehaved.p99), ms(through.wellBehaved.p99))
+	fmt.Printf("    %-40s %12s %12s\n", "well-behaved informer sync", ms(direct.wellBehaved.synced), ms(through.wellBehaved.synced))
+	if through.upstream < direct.upstream {
+		fmt.Printf("    watchgate kept %.1f%% of the storm away from the API server\n", 100*(1-through.upstream/max(direct.upstream, 1)))
 	}
-	var attempts atomic.Int64
-	var mu sync.Mutex
-	answers := map[string]int64{}
-	stormCtx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for stormCtx.Err() == nil {
-				a, err := apiserver.WatchFor(stormCtx, cfg, path, rv, 5*time.Second)
-				if stormCtx.Err() != nil {
-					return
-				}
-				attempts.Add(1)
-				key := "error"
-				switch {
-				case err != nil:
-				case a.HTTPStatus == http.StatusOK && a.Code == http.StatusGone:
-					key = "200+410"
-				default:
-					key = fmt.Sprint(a.HTTPStatus)
-				}
-				mu.Lock()
-				answers[key]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	time.Sleep(500 * time.Millisecond) // let the API server count the last ones
-	after, err := env.WatchRequests(ctx, "", "configmaps")
-	if err != nil {
-		return stormResult{}, err
-	}
-	return stormResult{attempts: attempts.Load(), answers: answers, upstream: after - before}, nil
 }
 
-type watchgate struct {
-	cmd                  *exec.Cmd
-	proxyURL, metricsURL string
-	done                 chan struct{}
+func (d *demo) drawChart(direct, through stormResult) error {
+	if err := os.MkdirAll(filepath.Dir(d.chart), 0o755); err != nil {
+		return err
+	}
+	if err := writeChart(d.chart, d.clients, direct.rate, through.rate); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	fmt.Println("\n    chart of upstream WATCH/s over time, direct vs through watchgate:", d.chart)
+	return nil
 }
 
-func startWatchgate(ctx context.Context, binary, kubeconfig string) (*watchgate, error) {
-	var addrs [3]string
-	for i := range addrs {
-		a, err := apiserver.FreeAddr()
-		if err != nil {
-			return nil, err
-		}
-		addrs[i] = a
-	}
-	cmd := exec.Command(binary, "--kubeconfig", kubeconfig,
-		"--proxy-bind-address", addrs[0], "--metrics-bind-address", addrs[1], "--health-probe-bind-address", addrs[2],
-		"--pod-name", "watchgate-demo-0", "--shutdown-grace-period", "1s")
-	logs, err := os.Create(filepath.Join(os.TempDir(), "watchgate-demo.log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s (run `make build`): %w", binary, err)
-	}
-	w := &watchgate{cmd: cmd, proxyURL: "https://" + addrs[0], metricsURL: "http://" + addrs[1] + "/metrics", done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logs.Close(); close(w.done) }()
-	fmt.Println("    logs:", logs.Name())
+// showStatus waits until this replica's entry in the budget's status shows
+// the storm (a rejection counted), then prints kubectl get wb.
+func (d *demo) showStatus(ctx context.Context) error {
+	step("What the operator sees: kubectl get wb (once %s has written the storm into the budget's status)", podName)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addrs[2] + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return w, nil
-			}
+		shown, err := d.statusShowsStorm(ctx)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-w.done:
-			return nil, fmt.Errorf("watchgate exited before it was ready; see %s", logs.Name())
-		case <-ctx.Done():
-			w.stop()
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		if shown {
+			break
 		}
 		if time.Now().After(deadline) {
-			w.stop()
-			return nil, fmt.Errorf("watchgate not ready within 60s; see %s", logs.Name())
+			return fmt.Errorf("the budget's status shows no rejection by %s after 60s", podName)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
 		}
 	}
+	out, err := d.env.Kubectl(ctx, "get", "wb", "-o", "wide")
+	fmt.Print(indent(out))
+	return err
 }
 
-func (w *watchgate) stop() {
-	_ = w.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-w.done:
-	case <-time.After(30 * time.Second):
-		_ = w.cmd.Process.Kill()
-		<-w.done
+func (d *demo) statusShowsStorm(ctx context.Context) (bool, error) {
+	out, err := d.env.Kubectl(ctx, "get", "wb", "dashboard", "-o", "json")
+	if err != nil {
+		return false, err
 	}
+	var wb watchgatev1.WatchBudget
+	if err := json.Unmarshal([]byte(out), &wb); err != nil {
+		return false, fmt.Errorf("kubectl get wb dashboard: %w", err)
+	}
+	for _, r := range wb.Status.Replicas {
+		if r.Pod == podName && r.RecentRejections > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (d *demo) showMetrics(ctx context.Context) {
+	step("And watchgate's own metrics (no user names in labels)")
+	fmt.Print(indent(grepMetrics(ctx, d.wg.metricsURL, "watchgate_proxy_requests_total", "watchgate_proxy_stale_versions_learned_total", "watchgate_proxy_upstream_watch_opens_total")))
 }
 
 func grepMetrics(ctx context.Context, url string, prefixes ...string) string {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{}}}
+	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Do(req)
 	if err != nil {
 		return err.Error() + "\n"

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// writeChart draws the upstream WATCH rate over time of both storms, one
+// line each, into a PNG (or SVG, by the file's extension) at path.
+func writeChart(path string, clients int, direct, through []ratePoint) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Upstream WATCH requests reaching kube-apiserver: %d clients looping on a stale resourceVersion", clients)
+	p.X.Label.Text = "time since the storm started (s)"
+	p.Y.Label.Text = "WATCH requests per second (apiserver_request_total)"
+	p.Y.Min = 0
+	p.Add(plotter.NewGrid())
+	for _, s := range []struct {
+		name   string
+		points []ratePoint
+		color  color.Color
+		dashes []vg.Length
+	}{
+		{"direct to kube-apiserver", direct, color.RGBA{R: 200, G: 40, B: 40, A: 255}, nil},
+		{"through watchgate", through, color.RGBA{R: 20, G: 90, B: 200, A: 255}, []vg.Length{vg.Points(6), vg.Points(3)}},
+	} {
+		xy := make(plotter.XYs, len(s.points))
+		for i, pt := range s.points {
+			xy[i].X, xy[i].Y = pt.at.Seconds(), pt.perSecond
+		}
+		line, err := plotter.NewLine(xy)
+		if err != nil {
+			return err
+		}
+		line.Color = s.color
+		line.Width = vg.Points(2)
+		line.Dashes = s.dashes
+		p.Add(line)
+		p.Legend.Add(s.name, line)
+	}
+	// Headroom above the highest point keeps the legend off the lines.
+	top := 1.0
+	for _, pts := range [][]ratePoint{direct, through} {
+		for _, pt := range pts {
+			top = max(top, pt.perSecond)
+		}
+	}
+	p.Y.Max = top * 1.3
+	p.Legend.Top = true
+	p.Legend.Padding = vg.Points(4)
+	p.Legend.XOffs = -vg.Points(12)
+	p.Legend.YOffs = -vg.Points(4)
+	p.Legend.ThumbnailWidth = vg.Points(30)
+	p.Title.Padding = vg.Points(6)
+	return p.Save(10*vg.Inch, 5*vg.Inch, path)
+}

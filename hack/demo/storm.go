@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/watchgate/watchgate/test/apiserver"
+)
+
+// stormResult is what one storm did, counted by the clients, the
+// well-behaved client and the API server itself.
+type stormResult struct {
+	attempts int64
+	answers  map[string]int64
+	// upstream is the number of WATCH requests on configmaps the API
+	// server counted during the storm, less the well-behaved client's own
+	// (its informer's watch).
+	upstream float64
+	// apiCPU is the API server's CPU time during the storm, in seconds.
+	apiCPU float64
+	// wellBehaved is the well-behaved client's experience.
+	wellBehaved wellBehavedResult
+	// rate is upstream WATCH/s sampled over the storm.
+	rate []ratePoint
+}
+
+func (r stormResult) print() {
+	fmt.Printf("    %d resubscriptions; answers:", r.attempts)
+	for k, v := range r.answers {
+		fmt.Printf(" %s×%d", k, v)
+	}
+	fmt.Printf("\n    the API server counted %.0f WATCH requests on configmaps (apiserver_request_total) and used %.1f CPU seconds\n", r.upstream, r.apiCPU)
+	fmt.Printf("    the well-behaved client: GET p50 %s, p99 %s over %d GETs (%d failed); informer synced in %s\n",
+		ms(r.wellBehaved.p50), ms(r.wellBehaved.p99), r.wellBehaved.gets, r.wellBehaved.failed, r.wellBehaved.synced.Round(time.Millisecond))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+// runStorm runs clients that do what the seed's dashboard did — watch from
+// rv, read until the stream ends, re-subscribe at once with the same rv —
+// while a well-behaved client (good) does its work through the same path
+// and a sampler records the API server's upstream WATCH rate.
+func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config, path, rv string, clients int, d time.Duration) (stormResult, error) {
+	before, err := env.WatchRequests(ctx, "", "configmaps")
+	if err != nil {
+		return stormResult{}, err
+	}
+	cpu := newAPIServerCPU(env)
+	cpuBefore, err := cpu.seconds(ctx)
+	if err != nil {
+		return stormResult{}, err
+	}
+	var attempts atomic.Int64
+	var mu sync.Mutex
+	answers := map[string]int64{}
+	stormCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var sampled []ratePoint
+	var wbRes wellBehavedResult
+	var wbErr error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); sampled = sampleWatchRate(stormCtx, env, 250*time.Millisecond) }()
+	go func() { defer wg.Done(); wbRes, wbErr = runWellBehaved(stormCtx, good, "demo") }()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for stormCtx.Err() == nil {
+				a, err := apiserver.WatchFor(stormCtx, storm, path, rv, 5*time.Second)
+				if stormCtx.Err() != nil {
+					return
+				}
+				attempts.Add(1)
+				key := "error"
+				switch {
+				case err != nil:
+				case a.HTTPStatus == http.StatusOK && a.Code == http.StatusGone:
+					key = "200+410"
+				default:
+					key = fmt.Sprint(a.HTTPStatus)
+				}
+				mu.Lock()
+				answers[key]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if wbErr != nil {
+		return stormResult{}, fmt.Errorf("well-behaved client: %w", wbErr)
+	}
+	time.Sleep(500 * time.Millisecond) // let the API server count the last ones
+	after, err := env.WatchRequests(ctx, "", "configmaps")
+	if err != nil {
+		return stormResult{}, err
+	}
+	cpuAfter, err := cpu.seconds(ctx)
+	if err != nil {
+		return stormResult{}, err
+	}
+	return stormResult{attempts: attempts.Load(), answers: answers, upstream: after - before - float64(wbRes.watches),
+		apiCPU: cpuAfter - cpuBefore, wellBehaved: wbRes, rate: sampled}, nil
+}
