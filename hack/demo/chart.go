@@ -11,12 +11,28 @@ import (
 
 // writeChart draws the upstream WATCH rate over time of both storms, one
 // line each, into a PNG (or SVG, by the file's extension) at path.
-func writeChart(path string, clients int, direct, through []ratePoint) error {
+func writeChart(path string, clients int, direct, through stormResult) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Upstream WATCH requests reaching kube-apiserver: %d clients looping on a stale resourceVersion", clients)
 	p.X.Label.Text = "time since the storm started (s)"
 	p.Y.Label.Text = "WATCH requests per second (apiserver_request_total)"
-	p.Y.Min = 0
+	p.X.Min, p.Y.Min = 0, 0
+	p.X.Tick.Marker = plot.TickerFunc(func(min, max float64) []plot.Tick {
+		var ticks []plot.Tick
+		for s := 0.0; s <= max; s++ {
+			ticks = append(ticks, plot.Tick{Value: s, Label: fmt.Sprintf("%.0f", s)})
+		}
+		return ticks
+	})
+	p.Y.Tick.Marker = plot.TickerFunc(func(min, max float64) []plot.Tick {
+		ticks := plot.DefaultTicks{}.Ticks(min, max)
+		for i := range ticks {
+			if ticks[i].Label != "" {
+				ticks[i].Label = fmt.Sprintf("%.0f", ticks[i].Value)
+			}
+		}
+		return ticks
+	})
 	p.Add(plotter.NewGrid())
 	for _, s := range []struct {
 		name   string
@@ -24,8 +40,8 @@ func writeChart(path string, clients int, direct, through []ratePoint) error {
 		color  color.Color
 		dashes []vg.Length
 	}{
-		{"direct to kube-apiserver", direct, color.RGBA{R: 200, G: 40, B: 40, A: 255}, nil},
-		{"through watchgate", through, color.RGBA{R: 20, G: 90, B: 200, A: 255}, []vg.Length{vg.Points(6), vg.Points(3)}},
+		{fmt.Sprintf("direct to kube-apiserver (%.0f upstream WATCHes)", direct.upstream), direct.rate, color.RGBA{R: 200, G: 40, B: 40, A: 255}, nil},
+		{fmt.Sprintf("through watchgate (%.0f upstream WATCHes)", through.upstream), through.rate, color.RGBA{R: 20, G: 90, B: 200, A: 255}, []vg.Length{vg.Points(6), vg.Points(3)}},
 	} {
 		xy := make(plotter.XYs, len(s.points))
 		for i, pt := range s.points {
@@ -43,7 +59,7 @@ func writeChart(path string, clients int, direct, through []ratePoint) error {
 	}
 	// Headroom above the highest point keeps the legend off the lines.
 	top := 1.0
-	for _, pts := range [][]ratePoint{direct, through} {
+	for _, pts := range [][]ratePoint{direct.rate, through.rate} {
 		for _, pt := range pts {
 			top = max(top, pt.perSecond)
 		}

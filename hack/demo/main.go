@@ -243,7 +243,7 @@ func (d *demo) drawChart(direct, through stormResult) error {
 	if err := os.MkdirAll(filepath.Dir(d.chart), 0o755); err != nil {
 		return err
 	}
-	if err := writeChart(d.chart, d.clients, direct.rate, through.rate); err != nil {
+	if err := writeChart(d.chart, d.clients, direct, through); err != nil {
 		return fmt.Errorf("chart: %w", err)
 	}
 	fmt.Println("\n    chart of upstream WATCH/s over time, direct vs through watchgate:", d.chart)
