@@ -93,9 +93,15 @@ type ratePoint struct {
 // over each interval. A failed read skips that sample.
 func sampleWatchRate(ctx context.Context, env *apiserver.Env, interval time.Duration) []ratePoint {
 	start := time.Now()
+	// read returns the counter and when it was read: the middle of the
+	// request, since a scrape of /metrics takes a while on a busy machine.
+	read := func() (float64, time.Time, error) {
+		t0 := time.Now()
+		v, err := env.WatchRequests(ctx, "", "configmaps")
+		return v, t0.Add(time.Since(t0) / 2), err
+	}
 	var points []ratePoint
-	prev, err := env.WatchRequests(ctx, "", "configmaps")
-	prevAt := time.Now()
+	prev, prevAt, err := read()
 	if err != nil {
 		return nil
 	}
@@ -107,12 +113,11 @@ func sampleWatchRate(ctx context.Context, env *apiserver.Env, interval time.Dura
 			return points
 		case <-t.C:
 		}
-		v, err := env.WatchRequests(ctx, "", "configmaps")
+		v, at, err := read()
 		if err != nil {
 			continue
 		}
-		now := time.Now()
-		points = append(points, ratePoint{at: now.Sub(start), perSecond: (v - prev) / now.Sub(prevAt).Seconds()})
-		prev, prevAt = v, now
+		points = append(points, ratePoint{at: at.Sub(start), perSecond: (v - prev) / at.Sub(prevAt).Seconds()})
+		prev, prevAt = v, at
 	}
 }
