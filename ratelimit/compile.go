@@ -5,19 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 )
-
-// Policy is an immutable, compiled set of budgets: what an Engine enforces.
-// Build one with NewPolicy and hand it to Engine.SetPolicy; a Policy may be
-// shared by several engines and read by any number of goroutines.
-type Policy struct {
-	// budgets are deep copies with defaults filled in, in match order:
-	// precedence ascending, then name.
-	budgets []Budget
-	// longestStaleMemory bounds how long the engine keeps a stale version.
-	longestStaleMemory time.Duration
-}
 
 // NewPolicy validates and compiles budgets. It returns an error naming every
 // invalid budget (see Budget.Validate) and every duplicated name; an error
@@ -26,8 +14,8 @@ type Policy struct {
 // bad ones out.
 //
 // The budgets are copied: changing them afterwards does not change the
-// Policy. Empty Enforcement becomes Enforce and empty StaleVersions.Action
-// becomes StaleReject.
+// Policy. Empty Enforcement becomes Enforce, empty StaleVersions.Action
+// becomes StaleReject and empty StaleVersions.Match StaleMatchAtOrBelow.
 func NewPolicy(budgets []Budget) (*Policy, error) {
 	var errs []error
 	seen := make(map[string]bool, len(budgets))
@@ -75,6 +63,9 @@ func compileBudget(b Budget) Budget {
 	}
 	if b.StaleVersions.Action == "" {
 		b.StaleVersions.Action = StaleReject
+	}
+	if b.StaleVersions.Match == "" {
+		b.StaleVersions.Match = StaleMatchAtOrBelow
 	}
 	if b.Limits.InitialStateCost == 0 {
 		b.Limits.InitialStateCost = 1

@@ -18,8 +18,6 @@ const numShards = 64
 // outlives Policy swaps that keep the name.
 type budgetState struct {
 	name string
-	// keys is the engine's count of tracked keys.
-	keys *atomic.Int64
 	// cfg is the budget as compiled in the current policy.
 	cfg atomic.Pointer[Budget]
 	// removed is set when a policy swap drops the budget; its shards are
@@ -28,7 +26,7 @@ type budgetState struct {
 
 	shards [numShards]shard
 	// overflow governs identities that arrive while the engine tracks
-	// Options.MaxTrackedKeys keys: they share its single identity.
+	// Options.MaxTrackedKeys identities: they share its single identity.
 	overflow shard
 }
 
@@ -39,8 +37,6 @@ type shard struct {
 	ids map[string]*identity // guarded by mu
 	// spill is the overflow shard's single, shared identity.
 	spill *identity // guarded by mu
-	// keys counts identities and backoff keys, for the engine-wide cap.
-	keys int64 // guarded by mu
 	// open counts admitted, unreleased watches.
 	open int64 // guarded by mu
 	// decisions counts by reasonIndex.
@@ -59,35 +55,23 @@ type identity struct {
 	cfg *Budget
 	// watch and list are nil when opens / lists are not limited.
 	watch, list *rate.Limiter
-	// backoff is per watch key; nil until a watch fails.
+	// backoff is per watch key, with at most
+	// Options.MaxBackoffKeysPerIdentity keys plus overflowKey; nil until a
+	// watch fails or is answered stale.
 	backoff map[watchKey]backoffState
-	// seen is the latest instant (UnixNano) the identity was decided on or
-	// released a watch, for eviction.
-	seen int64
-	// tick is the latest instant (UnixNano) its buckets were used or
+	// lastActive is the latest instant (UnixNano) the identity was decided
+	// on or released a watch, for eviction.
+	lastActive int64
+	// bucketsAt is the latest instant (UnixNano) its buckets were used or
 	// reconfigured at: they never run backwards from it.
-	tick       int64
+	bucketsAt  int64
 	notified   int64 // last OnThrottled call, UnixNano
 	rejections int64
 	open       int32
 }
 
-// watchKey is what backoff is kept per, besides the identity.
-type watchKey struct {
-	group, resource, namespace, labelSelector, fieldSelector string
-}
-
-func keyOf(r *Request) watchKey {
-	return watchKey{r.Group, r.Resource, r.Namespace, r.LabelSelector, r.FieldSelector}
-}
-
-func (k watchKey) clone() watchKey {
-	return watchKey{strings.Clone(k.group), strings.Clone(k.resource), strings.Clone(k.namespace),
-		strings.Clone(k.labelSelector), strings.Clone(k.fieldSelector)}
-}
-
-func newBudgetState(b *Budget, keys *atomic.Int64) *budgetState {
-	bs := &budgetState{name: b.Name, keys: keys}
+func newBudgetState(b *Budget) *budgetState {
+	bs := &budgetState{name: b.Name}
 	bs.cfg.Store(b)
 	for i := range bs.shards {
 		bs.shards[i].bs = bs
@@ -102,43 +86,28 @@ func (bs *budgetState) shardFor(seed maphash.Seed, user string) *shard {
 	return &bs.shards[maphash.String(seed, user)%numShards]
 }
 
-// acquire returns user's identity in sh, creating it if needed, with its
-// shard locked; the caller unlocks id.sh.mu. When the engine already tracks
-// its maximum of keys, or the budget was removed, the identity is the
-// budget's shared overflow identity. The returned identity's buckets follow
-// cfg and its clock is at least now; acquire returns the instant to decide
-// at.
-func (e *Engine) acquire(sh *shard, user string, cfg *Budget, now time.Time) (*identity, time.Time) {
-	sh.mu.Lock()
-	id := sh.ids[user]
-	if id == nil {
-		if !sh.bs.removed.Load() && e.keys.Add(1) <= int64(e.opts.MaxTrackedKeys) {
-			id = &identity{user: strings.Clone(user), sh: sh}
-			sh.ids[id.user] = id
-			sh.keys++
-		} else {
-			if !sh.bs.removed.Load() {
-				e.keys.Add(-1)
-			}
-			sh.mu.Unlock()
-			sh = &sh.bs.overflow
-			sh.mu.Lock()
-			id = sh.spill
-		}
+// track starts tracking user in sh, or returns nil when the engine already
+// tracks its maximum of identities or the budget was removed (the caller
+// then uses the overflow identity). sh.mu is held.
+func (e *Engine) track(sh *shard, user string) *identity {
+	if sh.bs.removed.Load() || !e.identities.take() {
+		return nil
 	}
-	return id, id.advance(now, cfg)
+	id := &identity{user: strings.Clone(user), sh: sh}
+	sh.ids[id.user] = id
+	return id
 }
 
 // advance moves the identity's clock to now (or keeps it, when now is
 // earlier: concurrent callers' instants may arrive out of order, and a
 // bucket whose clock ran backwards would hand out tokens twice), and
 // reconfigures its buckets when the budget changed. It returns the instant
-// to decide at.
-func (id *identity) advance(now time.Time, cfg *Budget) time.Time {
+// to decide at. id.sh.mu is held.
+func (e *Engine) advance(id *identity, now time.Time, cfg *Budget) time.Time {
 	now = id.clock(now)
-	id.see(now)
+	id.touch(now)
 	if id.cfg != cfg {
-		id.configure(now, cfg)
+		e.configure(id, now, cfg)
 	}
 	return now
 }
@@ -147,29 +116,28 @@ func (id *identity) advance(now time.Time, cfg *Budget) time.Time {
 // and makes it the buckets' latest instant.
 func (id *identity) clock(now time.Time) time.Time {
 	ns := now.UnixNano()
-	if ns < id.tick {
-		return time.Unix(0, id.tick)
+	if ns < id.bucketsAt {
+		return time.Unix(0, id.bucketsAt)
 	}
-	id.tick = ns
+	id.bucketsAt = ns
 	return now
 }
 
-// see records activity at now, for eviction.
-func (id *identity) see(now time.Time) {
-	id.seen = max(id.seen, now.UnixNano())
+// touch records activity at now, for eviction.
+func (id *identity) touch(now time.Time) {
+	id.lastActive = max(id.lastActive, now.UnixNano())
 }
 
 // configure makes the buckets follow cfg at now, keeping the tokens they
 // hold (rate.Limiter's SetLimitAt and SetBurstAt advance first). A bucket
-// that appears starts full, like a new identity's.
-func (id *identity) configure(now time.Time, cfg *Budget) {
+// that appears starts full, like a new identity's. A budget without backoff
+// drops the identity's backoff keys. id.sh.mu is held.
+func (e *Engine) configure(id *identity, now time.Time, cfg *Budget) {
 	id.cfg = cfg
 	id.watch = rebucket(id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
 	id.list = rebucket(id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
 	if cfg.Backoff.Initial == 0 && id.backoff != nil {
-		id.sh.keys -= int64(len(id.backoff))
-		id.sh.bs.keys.Add(-int64(len(id.backoff)))
-		id.backoff = nil
+		e.dropBackoff(id)
 	}
 }
 
@@ -191,11 +159,11 @@ func rebucket(lim *rate.Limiter, now time.Time, perMinute, burst int32) *rate.Li
 }
 
 // idle reports whether dropping the identity would change no decision: it
-// holds no watch, no backoff, full buckets, and was last seen at least
+// holds no watch, no backoff, full buckets, and was last active at least
 // idleAfter before now.
 func (id *identity) idle(now time.Time, idleAfter time.Duration) bool {
 	return id.open == 0 && len(id.backoff) == 0 &&
-		now.UnixNano()-id.seen >= int64(idleAfter) &&
+		now.UnixNano()-id.lastActive >= int64(idleAfter) &&
 		full(id.watch, now) && full(id.list, now)
 }
 

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -24,13 +25,15 @@ var (
 		Subjects:    []Subject{{Kind: User, Name: "dreamer"}},
 		Limits:      Limits{WatchOpensPerMinute: 6, WatchBurst: 1, MaxConcurrentWatches: 1},
 		Backoff:     Backoff{Initial: s, Max: 2 * s, ShortWatch: s},
+		// Exact, while propertyBudget has the default AtOrBelow.
+		StaleVersions: StaleVersions{Match: StaleMatchExact, Memory: 2 * s},
 	}
 )
 
 var (
 	users      = []string{"alice", "bob", "dreamer"}
 	namespaces = []string{"default", "kube-system"}
-	versions   = []string{"", "0", "100", "200"}
+	versions   = []string{"", "0", "100", "200", "000200", "150", "1e3", "00"}
 )
 
 // admission is one admitted watch, as the timeline saw it.
@@ -62,7 +65,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 		admitted []admission
 		open     []admission // not yet ended
 		ended    []Watch
-		stale    = map[string]time.Time{}
+		stale    = map[uint64]time.Time{} // parsed version: last report
 		openBy   = map[string]int{}
 	)
 	perSecond := float64(propertyBudget.Limits.WatchOpensPerMinute) / 60
@@ -99,10 +102,11 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if d.Reason == ReasonBackingOff && d.RetryAfter > budget.Backoff.Max {
 				t.Fatalf("backing off %s, more than max %s", d.RetryAfter, budget.Backoff.Max)
 			}
-			seen, isStale := stale[r.ResourceVersion]
-			isStale = isStale && now.Sub(seen) < budget.StaleVersions.Memory && budget.StaleVersions.Action != StalePass
-			if isStale != (d.Reason == ReasonStaleResourceVersion) {
-				t.Fatalf("at %s rv %q seen stale at %s: reason %q", now.Sub(t0), r.ResourceVersion, seen.Sub(t0), d.Reason)
+			if isStale := staleIn(stale, r.ResourceVersion, now, budget.StaleVersions); isStale != (d.Reason == ReasonStaleResourceVersion) {
+				t.Fatalf("at %s rv %q, reports %v, %s: reason %q", now.Sub(t0), r.ResourceVersion, stale, budget.StaleVersions.Match, d.Reason)
+			}
+			if d.Reason == ReasonStaleResourceVersion && (d.DryRun && d.RetryAfter != 0 || d.RetryAfter > max(budget.Backoff.Max, StaleRepeatHold)) {
+				t.Fatalf("stale answer held %s (dry run %v): want 0 in DryRun, at most max(Backoff.Max, %s)", d.RetryAfter, d.DryRun, StaleRepeatHold)
 			}
 			if d.Allowed != d.Watch.Valid() {
 				t.Fatalf("allowed=%v but Watch.Valid()=%v", d.Allowed, d.Watch.Valid())
@@ -151,8 +155,8 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 		case 5: // the API server says a version is too old
 			rv := versions[a%len(versions)]
 			e.StaleVersionSeen(now, "", "pods", rv)
-			if rv != "" && rv != "0" {
-				stale[rv] = now
+			if v, err := strconv.ParseUint(rv, 10, 64); err == nil && v != 0 {
+				stale[v] = now
 			}
 		case 6: // a list
 			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: "pods"})
@@ -183,13 +187,29 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 	return counts
 }
 
+// staleIn is the model of the stale memory: rv, parsed as kube-apiserver
+// does, is stale when a report of it (Exact) or of a version at or above it
+// (AtOrBelow) is younger than sv.Memory, and sv rejects stale versions.
+func staleIn(reports map[uint64]time.Time, rv string, now time.Time, sv StaleVersions) bool {
+	v, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil || v == 0 || sv.Action == StalePass {
+		return false
+	}
+	for reported, at := range reports {
+		if (reported == v || reported > v && sv.Match != StaleMatchExact) && now.Sub(at) < sv.Memory {
+			return true
+		}
+	}
+	return false
+}
+
 // checkBackoff checks what the end of w, just reported, did to the
 // backoff of its key.
 func checkBackoff(t *testing.T, e *Engine, w Watch, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
 	t.Helper()
 	sh := w.id.sh
 	sh.mu.Lock()
-	st, ok := w.id.backoff[w.key]
+	_, st, ok := w.id.lookup(e.seeds.watchKeyOf(&w.req))
 	spill := w.id == sh.spill
 	sh.mu.Unlock()
 	switch {
@@ -199,7 +219,7 @@ func checkBackoff(t *testing.T, e *Engine, w Watch, now time.Time, lifetime time
 		}
 	case outcome == OutcomeError || lifetime < bo.ShortWatch:
 		if !ok {
-			if !spill && e.keys.Load() < int64(e.opts.MaxTrackedKeys) {
+			if !spill {
 				t.Fatalf("a failure below the key cap was not recorded")
 			}
 			return

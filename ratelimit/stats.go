@@ -13,7 +13,7 @@ type BudgetStats struct {
 	// overflow identity not included).
 	TrackedIdentities int64
 	// Decisions counts decisions by Reason since the budget appeared; those
-	// with no Reason are counted under "Allowed". DryRun decisions count
+	// with no Reason are counted under ReasonAllowed. DryRun decisions count
 	// under the Reason they would have had.
 	Decisions map[Reason]int64
 	// TopOffenders are up to 5 tracked identities with the most rejections
@@ -34,7 +34,7 @@ const topOffenders = 5
 // name. It takes each shard's lock in turn; call it every few seconds, not
 // per request.
 func (e *Engine) Stats() map[string]BudgetStats {
-	a := e.active.Load()
+	a := e.current.Load()
 	out := make(map[string]BudgetStats, len(a.states))
 	for _, bs := range a.states {
 		st := BudgetStats{Decisions: make(map[Reason]int64, numReasons)}

@@ -10,14 +10,14 @@ import "time"
 // buckets are full and it was last seen at least Options.IdleAfter ago: it
 // is then indistinguishable from a new identity, so dropping it changes no
 // decision (only its rejection count, see Stats, is lost). A backoff key
-// is evicted IdleAfter after its delay expired: a key that has not failed
-// for that long starts again from Backoff.Initial, as if a watch had lived
-// past ResetAfter. Stale versions are forgotten after the longest
+// is evicted IdleAfter after its delay expired (and not within a minute of
+// its last stale answer): a key that has not failed for that long starts
+// again from Backoff.Initial, as if a watch had lived past ResetAfter. Stale versions are forgotten after the longest
 // StaleVersions.Memory in the policy.
 //
 // Sweep takes each shard's lock in turn, never all at once.
 func (e *Engine) Sweep(now time.Time) (evicted int) {
-	a := e.active.Load()
+	a := e.current.Load()
 	ns := now.UnixNano()
 	idleAfter := e.opts.IdleAfter
 	for _, bs := range a.states {
@@ -25,26 +25,32 @@ func (e *Engine) Sweep(now time.Time) (evicted int) {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
 			for user, id := range sh.ids {
-				for k, st := range id.backoff {
-					if ns-st.until >= int64(idleAfter) {
-						delete(id.backoff, k)
-						sh.keys--
-						e.keys.Add(-1)
-						evicted++
-					}
-				}
-				if len(id.backoff) == 0 {
-					id.backoff = nil
-				}
+				evicted += e.sweepBackoff(id, ns)
 				if id.idle(now, idleAfter) {
 					delete(sh.ids, user)
-					sh.keys--
-					e.keys.Add(-1)
+					e.identities.give(1)
 					evicted++
 				}
 			}
 			sh.mu.Unlock()
 		}
+		sh := &bs.overflow
+		sh.mu.Lock()
+		evicted += e.sweepBackoff(sh.spill, ns)
+		sh.mu.Unlock()
 	}
 	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory)
+}
+
+// sweepBackoff evicts the identity's backoff keys whose delay expired at
+// least IdleAfter ago and whose last stale answer is older than
+// staleRepeatWindow, and returns how many. id.sh.mu is held.
+func (e *Engine) sweepBackoff(id *identity, ns int64) (evicted int) {
+	for k, st := range id.backoff {
+		if ns-st.until >= int64(e.opts.IdleAfter) && ns-st.staleAt >= int64(staleRepeatWindow) {
+			e.forget(id, k)
+			evicted++
+		}
+	}
+	return evicted
 }

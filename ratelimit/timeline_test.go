@@ -239,8 +239,8 @@ func TestTimelines(t *testing.T) {
 			steps: []step{
 				staleSeen(0, "7"),
 				no(0, watchFrom("7"), ReasonStaleResourceVersion, 0),
-				no(100*ms, watchFrom("7"), ReasonStaleResourceVersion, 900*ms),
-				ok(100*ms, watchIn("elsewhere")), // another key of the same identity
+				no(100*ms, watchFrom("7"), ReasonStaleResourceVersion, s), // a repeat: at least StaleRepeatHold
+				ok(100*ms, watchIn("elsewhere")),                          // another key of the same identity
 				// The relist's fresh watch on the looping key waits out
 				// the backoff like any watch that keeps dying.
 				no(100*ms, watchFrom("8"), ReasonBackingOff, 2*s), // second failure, no jitter here
