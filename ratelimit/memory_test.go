@@ -1,0 +1,112 @@
+package ratelimit
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// heapInUse is the live heap after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// Issue 9 finding 1: one identity failing watches on ever new keys must
+// neither take other identities' places nor push them into the shared
+// overflow identity, and must stay throttled itself.
+func TestOneIdentityFailingOnManyKeysLeavesOthersTheirOwnBuckets(t *testing.T) {
+	b := Budget{
+		Name:    "keys",
+		Limits:  Limits{WatchOpensPerMinute: 60, WatchBurst: 50, MaxConcurrentWatches: 50},
+		Backoff: Backoff{Initial: s, Max: 5 * time.Minute, ShortWatch: s},
+	}
+	e := newTestEngine(t, Options{MaxTrackedKeys: 100}, b)
+	attacker := func(i int) *Request {
+		r := watch()
+		r.User = "attacker"
+		r.LabelSelector = fmt.Sprint("run=", i)
+		return r
+	}
+	for i := range 600 {
+		now := t0.Add(time.Duration(i) * s)
+		if d := e.Decide(now, attacker(i)); d.Allowed {
+			e.WatchEnded(now, d.Watch, 0, OutcomeError)
+		}
+	}
+	end := t0.Add(600 * s)
+	for u := range 10 {
+		for i := range 50 {
+			r := watchIn(fmt.Sprint("ns-", i))
+			r.User = fmt.Sprint("user-", u)
+			if d := e.Decide(end, r); !d.Allowed {
+				t.Fatalf("user-%d's watch %d of 50: %s %s", u, i, d.Reason, d.RetryAfter)
+			}
+		}
+	}
+	if got := e.Stats()["keys"].TrackedIdentities; got != 11 {
+		t.Errorf("TrackedIdentities = %d, want 11: each user tracked on its own", got)
+	}
+	// The attacker's further failing keys back off together.
+	if d := e.Decide(end, attacker(601)); d.Reason != ReasonBackingOff {
+		t.Errorf("the attacker's 601st key: %+v, want it backing off", d)
+	}
+}
+
+// Issue 9 finding 1: failing watches with huge selectors, and stale
+// reports of huge versions, keep nothing of the client's strings; a DryRun
+// budget, which learns backoff too, no more than an enforced one.
+func TestHugeSelectorsAndVersionsLeaveTheHeapFlat(t *testing.T) {
+	for _, mode := range []Enforcement{Enforce, DryRun} {
+		t.Run(string(mode), func(t *testing.T) { testHugeKeys(t, mode) })
+	}
+}
+
+func testHugeKeys(t *testing.T, mode Enforcement) {
+	e := newTestEngine(t, Options{}, Budget{
+		Name:          "huge",
+		Enforcement:   mode,
+		Backoff:       Backoff{Initial: s, Max: 5 * time.Minute, ShortWatch: s},
+		StaleVersions: StaleVersions{Memory: time.Hour},
+	})
+	huge := strings.Repeat("x", 900<<10)
+	before := heapInUse()
+	for i := range 600 {
+		r := watch()
+		r.User = fmt.Sprint("client-", i%6)
+		r.LabelSelector = huge + fmt.Sprint(i)
+		r.FieldSelector = fmt.Sprint(i) + huge
+		// Each client fails on 100 keys: 64 of its own, and the rest
+		// shared in its overflow key, which then backs off.
+		if d := e.Decide(t0, r); d.Allowed {
+			e.WatchEnded(t0, d.Watch, 0, OutcomeError)
+		}
+	}
+	zeros := strings.Repeat("0", 1<<20)
+	for i := range 60 {
+		e.StaleVersionSeen(t0, "", "pods", zeros+fmt.Sprint(i+1))
+	}
+	after := heapInUse()
+	if diff := after - before; diff > 5<<20 || diff < -5<<20 {
+		t.Errorf("heap moved by %.1f MiB after 600 failing watches with 900 KiB selectors and 60 1 MiB versions, want within ±5 MiB",
+			float64(diff)/(1<<20))
+	}
+	if got, want := e.backoffKeys.count(), int64(6*defaultMaxBackoffKeysPerIdentity); got != want {
+		t.Errorf("tracking %d backoff keys, want %d (six clients at their cap)", got, want)
+	}
+	// What was learned still works: the versions were read as numbers,
+	// and each client backs off.
+	if d := e.Decide(t0, watchFrom("7")); d.Reason != ReasonStaleResourceVersion {
+		t.Errorf("rv 7 (reported as %d zeros then 7): %+v, want stale", len(zeros), d)
+	}
+	r := watch()
+	r.User, r.LabelSelector, r.FieldSelector = "client-0", huge+"0", "0"+huge
+	if d := e.Decide(t0, r); d.Reason != ReasonBackingOff || d.DryRun != (mode == DryRun) {
+		t.Errorf("client-0's first key: %+v, want it backing off", d)
+	}
+	runtime.KeepAlive(e)
+}
