@@ -42,8 +42,10 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
+	p.subjects = make([][]subjectMatcher, len(p.budgets))
 	for i := range p.budgets {
 		p.longestStaleMemory = max(p.longestStaleMemory, p.budgets[i].StaleVersions.Memory)
+		p.subjects[i] = compileSubjects(p.budgets[i].Subjects)
 	}
 	return p, nil
 }
@@ -104,7 +106,7 @@ func (p *Policy) match(user string, groups []string, group, resource, namespace 
 	}
 	for i := range p.budgets {
 		b := &p.budgets[i]
-		if matchSubjects(b.Subjects, user, groups) && matchResources(b.Resources, group, resource, namespace) {
+		if matchResources(b.Resources, group, resource, namespace) && matchSubjects(p.subjects[i], user, groups) {
 			return i
 		}
 	}
@@ -113,7 +115,28 @@ func (p *Policy) match(user string, groups []string, group, resource, namespace 
 
 const serviceAccountPrefix = "system:serviceaccount:"
 
-func matchSubjects(subjects []Subject, user string, groups []string) bool {
+// subjectMatcher is a Subject compiled for matching.
+type subjectMatcher struct {
+	Subject
+	// userPrefix, for a ServiceAccount subject whose namespace is exact, is
+	// "system:serviceaccount:<namespace>:": a user matches when it has the
+	// prefix and the rest matches Name. Namespaces hold no ':', so this is
+	// the same as splitting the user name at its colons, in one comparison.
+	userPrefix string
+}
+
+func compileSubjects(subjects []Subject) []subjectMatcher {
+	out := make([]subjectMatcher, len(subjects))
+	for i, s := range subjects {
+		out[i].Subject = s
+		if s.Kind == ServiceAccount && !strings.ContainsAny(s.Namespace, ":*") {
+			out[i].userPrefix = serviceAccountPrefix + s.Namespace + ":"
+		}
+	}
+	return out
+}
+
+func matchSubjects(subjects []subjectMatcher, user string, groups []string) bool {
 	if len(subjects) == 0 {
 		return true
 	}
@@ -131,7 +154,11 @@ func matchSubjects(subjects []Subject, user string, groups []string) bool {
 				}
 			}
 		case ServiceAccount:
-			if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
+			if s.userPrefix != "" {
+				if rest, ok := strings.CutPrefix(user, s.userPrefix); ok && matchName(s.Name, rest) {
+					return true
+				}
+			} else if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
 				ns, name, ok := strings.Cut(rest, ":")
 				if ok && matchName(s.Namespace, ns) && matchName(s.Name, name) {
 					return true

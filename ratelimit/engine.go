@@ -20,7 +20,8 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out.
+	// identity out. At the cap, identities take about 340 MiB (see
+	// BENCHMARKS.md), plus at most one overflow backoff key each.
 	//
 	// At the cap a new identity is governed by its budget's shared
 	// overflow identity: every user that arrives while the engine is full
@@ -30,7 +31,8 @@ type Options struct {
 	MaxTrackedKeys int
 	// MaxBackoffKeys caps the backoff keys (identity × watch key that
 	// failed or was answered stale) the engine tracks in all. Default
-	// 1<<20. At the cap a failing key that is not yet tracked is kept in
+	// 1<<18 (about 21 MiB, see BENCHMARKS.md): a key exists only while its
+	// watches fail. At the cap a failing key that is not yet tracked is kept in
 	// its identity's overflow key (see MaxBackoffKeysPerIdentity): it
 	// still backs off, together with the identity's other untracked keys.
 	MaxBackoffKeys int
@@ -59,7 +61,7 @@ type Options struct {
 
 const (
 	defaultMaxTrackedKeys            = 1 << 20
-	defaultMaxBackoffKeys            = 1 << 20
+	defaultMaxBackoffKeys            = 1 << 18
 	defaultMaxBackoffKeysPerIdentity = 64
 	defaultIdleAfter                 = 10 * time.Minute
 	defaultThrottleNotifyInterval    = time.Minute

@@ -9,6 +9,8 @@ type Policy struct {
 	// budgets are deep copies with defaults filled in, in match order:
 	// precedence ascending, then name.
 	budgets []Budget
+	// subjects[i] are budgets[i].Subjects, compiled for matching.
+	subjects [][]subjectMatcher
 	// longestStaleMemory bounds how long the engine keeps a stale version.
 	longestStaleMemory time.Duration
 }

@@ -37,6 +37,11 @@ const (
 // StaleMatchAtOrBelow, none when the watermark answers.
 type staleMemory struct {
 	versions, resources keyCap
+	// highest is at least every resource's watermark: a version above it
+	// is stale nowhere. kube-apiserver's versions are etcd revisions, one
+	// counter for all resources, so a healthy watch's version is almost
+	// always above every stale one, and is answered without a map lookup.
+	highest atomic.Uint64
 	// mu serialises changes to index.
 	mu sync.Mutex
 	// index is replaced, never modified: a lookup needs no lock.
@@ -107,6 +112,7 @@ func (e *Engine) StaleVersionSeen(now time.Time, group, resource, resourceVersio
 		res.mu.Lock()
 		if !res.removed {
 			res.report(&e.stale.versions, v, ns)
+			e.stale.raise(v)
 			res.mu.Unlock()
 			return
 		}
@@ -124,6 +130,16 @@ func (res *staleResource) report(versions *keyCap, v uint64, ns int64) {
 	}
 	if top := res.top.Load(); top == nil || v > top.version || v == top.version && ns > top.at {
 		res.top.Store(&watermark{v, ns})
+	}
+}
+
+// raise makes highest at least v.
+func (m *staleMemory) raise(v uint64) {
+	for {
+		h := m.highest.Load()
+		if v <= h || m.highest.CompareAndSwap(h, v) {
+			return
+		}
 	}
 }
 
@@ -155,11 +171,11 @@ func (m *staleMemory) resource(group, resource string) *staleResource {
 // report that makes it stale (the version itself, or with
 // StaleMatchAtOrBelow one at or above it) is younger than sv.Memory.
 func (m *staleMemory) has(now time.Time, group, resource, rv string, sv *StaleVersions) bool {
-	if sv.Memory <= 0 || m.versions.count() == 0 && m.resources.count() == 0 {
+	if sv.Memory <= 0 || m.resources.count() == 0 {
 		return false
 	}
 	v, ok := parseVersion(rv)
-	if !ok {
+	if !ok || v > m.highest.Load() {
 		return false
 	}
 	res := (*m.index.Load())[resourceName{group, resource}]
@@ -200,6 +216,8 @@ func (m *staleMemory) has(now time.Time, group, resource, rv string, sv *StaleVe
 // left with none, and returns how many versions and resources it forgot.
 func (m *staleMemory) sweep(now time.Time, memory time.Duration) (evicted int) {
 	ns := now.UnixNano()
+	was := m.highest.Load()
+	var highest uint64
 	var empty []resourceName
 	for name, res := range *m.index.Load() {
 		res.mu.Lock()
@@ -216,11 +234,18 @@ func (m *staleMemory) sweep(now time.Time, memory time.Duration) (evicted int) {
 		if top := res.top.Load(); top != nil && ns-top.at >= int64(memory) {
 			res.top.Store(res.highest())
 		}
-		if res.top.Load() == nil {
+		if top := res.top.Load(); top == nil {
 			empty = append(empty, name)
+		} else {
+			highest = max(highest, top.version)
 		}
 		res.mu.Unlock()
 	}
+	// Lower highest to what is left, unless a report raised it meanwhile.
+	// (A report below the old highest that races this sweep may be lost
+	// to the filter: its watch then goes to the API server, which answers
+	// 410 and reports it again — fail open.)
+	m.highest.CompareAndSwap(was, highest)
 	if len(empty) == 0 {
 		return evicted
 	}
