@@ -226,9 +226,7 @@ func (e *Engine) reconfigure(bs *budgetState, now time.Time) {
 	for i := range bs.shards {
 		sh := &bs.shards[i]
 		sh.mu.Lock()
-		for _, id := range sh.ids {
-			apply(id)
-		}
+		sh.each(apply)
 		sh.mu.Unlock()
 	}
 	bs.overflow.mu.Lock()
@@ -242,11 +240,9 @@ func (e *Engine) remove(bs *budgetState) {
 	for i := range bs.shards {
 		sh := &bs.shards[i]
 		sh.mu.Lock()
-		for _, id := range sh.ids {
-			e.dropBackoff(id)
-		}
-		e.identities.give(len(sh.ids))
-		sh.ids = nil
+		sh.each(e.dropBackoff)
+		e.identities.give(sh.tracked)
+		sh.ids, sh.tracked = nil, 0
 		sh.mu.Unlock()
 	}
 	sh := &bs.overflow
@@ -268,7 +264,8 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	bs := a.states[i]
 	cfg := bs.cfg.Load()
 	d := Decision{Allowed: true, Budget: cfg.Name, Enforcement: cfg.Enforcement}
-	sh := bs.shardFor(e.userSeed, r.User)
+	h := maphash.String(e.userSeed, r.User)
+	sh := bs.shardFor(h)
 	if cfg.Enforcement == Exempt {
 		sh.exempt.Add(1)
 		return d
@@ -277,9 +274,9 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, &cfg.StaleVersions)
 
 	sh.mu.Lock()
-	id := sh.ids[r.User]
+	id := sh.find(h, r.User)
 	if id == nil {
-		if id = e.track(sh, r.User); id == nil {
+		if id = e.track(sh, h, r.User); id == nil {
 			sh.mu.Unlock()
 			sh = &bs.overflow
 			sh.mu.Lock()

@@ -303,3 +303,36 @@ func TestMemoryStaysBoundedUnderAFlood(t *testing.T) {
 
 // tracked is the number of identities and backoff keys e tracks.
 func tracked(e *Engine) int64 { return e.identities.count() + e.backoffKeys.count() }
+
+// Identities whose names hash alike share a chain: each is found by its own
+// name, and eviction keeps the others.
+func TestIdentitiesWithTheSameHash(t *testing.T) {
+	e := NewEngine(Options{})
+	bs := newBudgetState(&Budget{Name: "b"})
+	sh := &bs.shards[0]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, u := range []string{"a", "b", "c"} {
+		if e.track(sh, 42, u) == nil {
+			t.Fatalf("%s not tracked", u)
+		}
+	}
+	for _, u := range []string{"a", "b", "c"} {
+		if id := sh.find(42, u); id == nil || id.user != u {
+			t.Fatalf("find(%s) = %v", u, id)
+		}
+	}
+	if id := sh.find(42, "d"); id != nil {
+		t.Fatalf("find(d) = %v", id)
+	}
+	if n := sh.evict(func(id *identity) bool { return id.user == "b" }); n != 1 || sh.tracked != 2 {
+		t.Fatalf("evicted %d, %d left", n, sh.tracked)
+	}
+	if sh.find(42, "b") != nil || sh.find(42, "a") == nil || sh.find(42, "c") == nil {
+		t.Fatal("eviction lost the wrong identity")
+	}
+	sh.evict(func(*identity) bool { return true })
+	if len(sh.ids) != 0 || sh.tracked != 0 {
+		t.Fatalf("%d chains, %d tracked after evicting all", len(sh.ids), sh.tracked)
+	}
+}

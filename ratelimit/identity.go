@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,9 +31,14 @@ type budgetState struct {
 
 // shard is a lock and the identities it guards.
 type shard struct {
-	mu  sync.Mutex
-	bs  *budgetState
-	ids map[string]*identity // guarded by mu
+	mu sync.Mutex
+	bs *budgetState
+	// ids holds the identities by the hash of their user name (the hash
+	// that chose the shard, so a decision hashes the name once), each
+	// chained through identity.next with the rare others of the same hash.
+	ids map[uint64]*identity // guarded by mu
+	// tracked is the number of identities in ids.
+	tracked int // guarded by mu
 	// spill is the overflow shard's single, shared identity.
 	spill *identity // guarded by mu
 	// open counts admitted, unreleased watches.
@@ -51,6 +55,10 @@ type shard struct {
 type identity struct {
 	user string
 	sh   *shard
+	// hash is user's hash under Engine.userSeed; next is the next identity
+	// of the shard with the same hash.
+	hash uint64
+	next *identity
 	// cfg is the budget the buckets were last configured from.
 	cfg *Budget
 	// watch and list are nil when opens / lists are not limited.
@@ -75,26 +83,71 @@ func newBudgetState(b *Budget) *budgetState {
 	bs.cfg.Store(b)
 	for i := range bs.shards {
 		bs.shards[i].bs = bs
-		bs.shards[i].ids = make(map[string]*identity)
+		bs.shards[i].ids = make(map[uint64]*identity)
 	}
 	bs.overflow.bs = bs
 	bs.overflow.spill = &identity{user: "", sh: &bs.overflow}
 	return bs
 }
 
-func (bs *budgetState) shardFor(seed maphash.Seed, user string) *shard {
-	return &bs.shards[maphash.String(seed, user)%numShards]
+// shardFor returns the shard of the user whose name hashes to h.
+func (bs *budgetState) shardFor(h uint64) *shard { return &bs.shards[h%numShards] }
+
+// find returns the identity of user, whose name hashes to h, or nil.
+// sh.mu is held.
+func (sh *shard) find(h uint64, user string) *identity {
+	for id := sh.ids[h]; id != nil; id = id.next {
+		if id.user == user {
+			return id
+		}
+	}
+	return nil
 }
 
-// track starts tracking user in sh, or returns nil when the engine already
-// tracks its maximum of identities or the budget was removed (the caller
-// then uses the overflow identity). sh.mu is held.
-func (e *Engine) track(sh *shard, user string) *identity {
+// each calls f for every identity of the shard. sh.mu is held.
+func (sh *shard) each(f func(*identity)) {
+	for _, id := range sh.ids {
+		for ; id != nil; id = id.next {
+			f(id)
+		}
+	}
+}
+
+// evict drops the identities for which drop is true, and returns how
+// many. sh.mu is held.
+func (sh *shard) evict(drop func(*identity) bool) (n int) {
+	for h, head := range sh.ids {
+		var kept *identity
+		for id := head; id != nil; {
+			next := id.next
+			if drop(id) {
+				n++
+			} else {
+				id.next, kept = kept, id
+			}
+			id = next
+		}
+		if kept == nil {
+			delete(sh.ids, h)
+		} else {
+			sh.ids[h] = kept
+		}
+	}
+	sh.tracked -= n
+	return n
+}
+
+// track starts tracking user, whose name hashes to h, in sh, or returns
+// nil when the engine already tracks its maximum of identities or the
+// budget was removed (the caller then uses the overflow identity). sh.mu
+// is held.
+func (e *Engine) track(sh *shard, h uint64, user string) *identity {
 	if sh.bs.removed.Load() || !e.identities.take() {
 		return nil
 	}
-	id := &identity{user: strings.Clone(user), sh: sh}
-	sh.ids[id.user] = id
+	id := &identity{user: strings.Clone(user), sh: sh, hash: h, next: sh.ids[h]}
+	sh.ids[h] = id
+	sh.tracked++
 	return id
 }
 

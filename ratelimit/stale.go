@@ -2,7 +2,7 @@ package ratelimit
 
 import (
 	"maps"
-	"strconv"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,18 +77,25 @@ func (m *staleMemory) init() {
 
 // parseVersion parses rv as kube-apiserver does
 // (storage.APIObjectVersioner.ParseResourceVersion: strconv.ParseUint,
-// base 10, 64 bits), so "000…01" is 1, and reports whether it is an
-// explicit version that can be too old: not "", "0" (or any spelling of
-// 0), nor anything that does not parse, which the API server refuses
-// itself. Leading zeros are skipped first so that a huge rv costs a scan,
-// not a copy.
+// base 10, 64 bits; FuzzParseVersion holds it to that), so "000…01" is 1,
+// and reports whether it is an explicit version that can be too old: not
+// "", "0" (or any spelling of 0), nor anything that does not parse, which
+// the API server refuses itself. It skips leading zeros and reads at most
+// 20 digits, so a huge rv costs a scan, never a copy.
 func parseVersion(rv string) (uint64, bool) {
 	digits := strings.TrimLeft(rv, "0")
 	if digits == "" || len(digits) > 20 {
 		return 0, false
 	}
-	v, err := strconv.ParseUint(digits, 10, 64)
-	return v, err == nil
+	var v uint64
+	for i := 0; i < len(digits); i++ {
+		d := uint64(digits[i] - '0')
+		if d > 9 || v > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
 }
 
 // StaleVersionSeen tells the engine that the API server answered a watch

@@ -43,16 +43,16 @@ func (e *Engine) Stats() map[string]BudgetStats {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
 			st.ActiveWatches += sh.open
-			st.TrackedIdentities += int64(len(sh.ids))
+			st.TrackedIdentities += int64(sh.tracked)
 			for j := range counts {
 				counts[j] += sh.decisions[j]
 			}
 			counts[idxAllowed] += sh.exempt.Load()
-			for _, id := range sh.ids {
+			sh.each(func(id *identity) {
 				if id.rejections > 0 {
 					st.TopOffenders = addOffender(st.TopOffenders, Offender{id.user, id.rejections})
 				}
-			}
+			})
 			sh.mu.Unlock()
 		}
 		sh := &bs.overflow

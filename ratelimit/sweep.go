@@ -24,14 +24,12 @@ func (e *Engine) Sweep(now time.Time) (evicted int) {
 		for i := range bs.shards {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
-			for user, id := range sh.ids {
+			n := sh.evict(func(id *identity) bool {
 				evicted += e.sweepBackoff(id, ns)
-				if id.idle(now, idleAfter) {
-					delete(sh.ids, user)
-					e.identities.give(1)
-					evicted++
-				}
-			}
+				return id.idle(now, idleAfter)
+			})
+			e.identities.give(n)
+			evicted += n
 			sh.mu.Unlock()
 		}
 		sh := &bs.overflow
