@@ -110,3 +110,30 @@ func testHugeKeys(t *testing.T, mode Enforcement) {
 	}
 	runtime.KeepAlive(e)
 }
+
+// At the engine-wide cap of backoff keys a failing key still backs off, in
+// its own identity's overflow key, and touches no other identity.
+func TestBackoffKeysBeyondTheEngineCapBackOffPerIdentity(t *testing.T) {
+	e := newTestEngine(t, Options{MaxBackoffKeys: 2}, Budget{
+		Name:    "b",
+		Backoff: Backoff{Initial: s, Max: time.Minute, ShortWatch: s},
+	})
+	by := func(user, ns string) *Request { r := watchIn(ns); r.User = user; return r }
+	for _, u := range []string{"a", "b", "c"} {
+		e.WatchEnded(t0, e.Decide(t0, by(u, "x")).Watch, 0, OutcomeError)
+	}
+	if got := e.backoffKeys.count(); got != 2 {
+		t.Fatalf("tracking %d backoff keys, want the cap, 2", got)
+	}
+	expect(t, "a's key", e.Decide(t0, by("a", "x")), false, ReasonBackingOff, s)
+	expect(t, "c's key, in c's overflow key", e.Decide(t0, by("c", "x")), false, ReasonBackingOff, s)
+	// c's overflow key governs c's untracked keys, nobody else's.
+	expect(t, "c elsewhere", e.Decide(t0, by("c", "y")), false, ReasonBackingOff, s)
+	expect(t, "a elsewhere", e.Decide(t0, by("a", "y")), true, "", 0)
+	expect(t, "d", e.Decide(t0, by("d", "x")), true, "", 0)
+	// Sweep frees them all, and the count with them.
+	e.Sweep(t0.Add(time.Hour))
+	if got := e.backoffKeys.count(); got != 0 {
+		t.Errorf("%d backoff keys after Sweep", got)
+	}
+}
