@@ -18,7 +18,7 @@ import (
 // becomes StaleReject and empty StaleVersions.Match StaleMatchAtOrBelow.
 func NewPolicy(budgets []Budget) (*Policy, error) {
 	var errs []error
-	seen := make(map[string]bool, len(budgets))
+	named := make(map[string]bool, len(budgets))
 	p := &Policy{budgets: make([]Budget, 0, len(budgets))}
 	for i := range budgets {
 		b := budgets[i]
@@ -26,11 +26,11 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 			errs = append(errs, fmt.Errorf("budget %q: %w", b.Name, err))
 			continue
 		}
-		if seen[b.Name] {
+		if named[b.Name] {
 			errs = append(errs, fmt.Errorf("budget %q: name: duplicate", b.Name))
 			continue
 		}
-		seen[b.Name] = true
+		named[b.Name] = true
 		p.budgets = append(p.budgets, compileBudget(b))
 	}
 	if len(errs) > 0 {

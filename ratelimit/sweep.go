@@ -7,7 +7,7 @@ import "time"
 // memory stays bounded by Options.MaxTrackedKeys regardless.
 //
 // An identity is evicted when it holds no open watch and no backoff, its
-// buckets are full and it was last seen at least Options.IdleAfter ago: it
+// buckets are full and it was last active at least Options.IdleAfter ago: it
 // is then indistinguishable from a new identity, so dropping it changes no
 // decision (only its rejection count, see Stats, is lost). A backoff key
 // is evicted IdleAfter after its delay expired (and not within a minute of
