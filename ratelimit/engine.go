@@ -87,7 +87,8 @@ const (
 //   - an optional list bucket (ListsPerMinute, ListBurst);
 //   - a count of open watches, capped at MaxConcurrentWatches;
 //   - backoff per watch key (group, resource, namespace, label and field
-//     selector): see WatchEnded.
+//     selector, kept as a 128-bit hash), at most
+//     Options.MaxBackoffKeysPerIdentity keys: see WatchEnded.
 //
 // Engine-wide it remembers stale resourceVersions per (group, resource):
 // each reported version, and the highest one as a "too old" watermark (see
@@ -97,10 +98,11 @@ const (
 // Reason: stale version (it never reaches the server, so nothing else
 // matters), backoff, concurrency, tokens. A rejected request takes no
 // tokens and no slot. A stale-version rejection counts as a failed watch of
-// its key, and its RetryAfter says how long to hold the local answer back:
-// 0 the first time, at least StaleRepeatHold for a repeat, more while the
-// key backs off (see staleHold). A DryRun budget reports the same Reason but allows
-// the request: the watch takes a slot (it is open, after all) but no
+// its key (with Backoff enabled), and its RetryAfter says how long to hold
+// the local answer back: 0 the first time, at least StaleRepeatHold for a
+// repeat whatever the budget's Backoff, more while the key backs off (see
+// staleHold). A DryRun budget reports the same Reason but allows the
+// request: the watch takes a slot (it is open, after all) but no
 // tokens, so the figures reported are what Enforce would have done. An
 // Exempt budget allows without tracking anything.
 //
@@ -376,7 +378,11 @@ func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget
 //     in [0, 1) — always within [Initial, Max]. With Initial 1s, Max 5m,
 //     a client whose watches die within a second waits about 1s, 2s, 4s,
 //     … then 5m;
-//   - otherwise nothing changes.
+//   - otherwise, and always after OutcomeDenied, nothing changes.
+//
+// Beyond Options.MaxBackoffKeysPerIdentity (or MaxBackoffKeys) a failing
+// key's backoff is kept in the identity's overflow key, shared by all its
+// untracked keys. Watches of the overflow identity learn nothing.
 func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outcome Outcome) {
 	if w.slot == nil || !w.slot.gen.CompareAndSwap(w.gen, w.gen+1) {
 		return

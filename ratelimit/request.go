@@ -17,7 +17,10 @@ const (
 )
 
 // Request is what the engine needs to know about one request. The engine
-// does not keep references to a Request (it copies the strings it keeps).
+// keeps no reference to a Request: it copies the user name of an identity
+// it tracks and stores everything else as hashes or numbers. (The Watch of
+// an admitted watch refers to its group, resource, namespace and
+// selectors until the caller drops it.)
 type Request struct {
 	// User and Groups are the authenticated (or impersonated) identity.
 	User   string
