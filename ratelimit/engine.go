@@ -275,10 +275,11 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	stale := r.Verb == VerbWatch && cfg.StaleVersions.Action == StaleReject &&
 		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, &cfg.StaleVersions)
 
+	user := e.userKey(r.User)
 	sh.mu.Lock()
-	id := sh.find(h, r.User)
+	id := sh.find(h, user)
 	if id == nil {
-		if id = e.track(sh, h, r.User); id == nil {
+		if id = e.track(sh, h, user); id == nil {
 			sh.mu.Unlock()
 			sh = &bs.overflow
 			sh.mu.Lock()

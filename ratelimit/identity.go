@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,25 @@ func newBudgetState(b *Budget) *budgetState {
 	return bs
 }
 
+// maxUserBytes bounds the user name an identity keeps. Names are the
+// API server's (a token's user, or an impersonated one the caller may
+// impersonate), and rarely longer than a few dozen bytes; a longer one is
+// kept as its first bytes and a 128-bit hash under the engine's secret
+// seeds (see userKey), so an identity's size does not depend on it.
+const maxUserBytes = 512
+
+// userKey is the name an identity of user is kept and found under: user
+// itself, or, beyond maxUserBytes, its first bytes, "…" and 32 hex digits
+// of its hash (507 bytes). A short name cannot pose as a long one's key
+// without knowing the seeds.
+func (e *Engine) userKey(user string) string {
+	if len(user) <= maxUserBytes {
+		return user
+	}
+	h := e.seeds.watchKeyOf(&requestKey{group: user})
+	return fmt.Sprintf("%s…%016x%016x", user[:maxUserBytes-40], h.hi, h.lo)
+}
+
 // shardFor returns the shard of the user whose name hashes to h.
 func (bs *budgetState) shardFor(h uint64) *shard { return &bs.shards[h%numShards] }
 
@@ -137,7 +157,7 @@ func (sh *shard) evict(drop func(*identity) bool) (n int) {
 	return n
 }
 
-// track starts tracking user, whose name hashes to h, in sh, or returns
+// track starts tracking user (a userKey), whose name hashes to h, in sh, or returns
 // nil when the engine already tracks its maximum of identities or the
 // budget was removed (the caller then uses the overflow identity). sh.mu
 // is held.

@@ -137,3 +137,34 @@ func TestBackoffKeysBeyondTheEngineCapBackOffPerIdentity(t *testing.T) {
 		t.Errorf("%d backoff keys after Sweep", got)
 	}
 }
+
+// Identities with huge user names (an agent may impersonate any name)
+// keep a bounded key, and are still told apart.
+func TestHugeUserNamesAreKeptBounded(t *testing.T) {
+	e := newTestEngine(t, Options{}, Budget{Name: "b", Limits: Limits{WatchOpensPerMinute: 60, WatchBurst: 1}})
+	huge := strings.Repeat("u", 1<<20)
+	before := heapInUse()
+	for i := range 100 {
+		r := watch()
+		r.User = huge + fmt.Sprint(i)
+		expect(t, fmt.Sprint("user ", i), e.Decide(t0, r), true, "", 0)
+	}
+	after := heapInUse()
+	if diff := after - before; diff > 1<<20 {
+		t.Errorf("heap grew by %.1f MiB for 100 identities with 1 MiB names, want < 1 MiB", float64(diff)/(1<<20))
+	}
+	r := watch()
+	r.User = huge + "7"
+	expect(t, "user 7 again: its own bucket, empty", e.Decide(t0, r), false, ReasonRateLimited, s)
+	if got := e.Stats()["b"].TrackedIdentities; got != 100 {
+		t.Errorf("TrackedIdentities = %d, want 100", got)
+	}
+	top := e.Stats()["b"].TopOffenders
+	if len(top) != 1 {
+		t.Fatalf("%d top offenders, want 1", len(top))
+	}
+	if u := top[0].User; len(u) > maxUserBytes || !strings.HasPrefix(u, "uuu") {
+		t.Errorf("top offender kept as %d bytes starting %.8q", len(u), u)
+	}
+	runtime.KeepAlive(e)
+}

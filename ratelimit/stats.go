@@ -22,7 +22,9 @@ type BudgetStats struct {
 	TopOffenders []Offender
 }
 
-// Offender is an identity and its rejections.
+// Offender is an identity and its rejections. User is the name as the
+// engine keeps it: a name longer than 512 bytes is cut, with a hash
+// appended.
 type Offender struct {
 	User       string
 	Rejections int64
