@@ -11,7 +11,8 @@ import (
 // Options configure an Engine. The zero value is usable.
 //
 // The caps bound the engine's memory in bytes whatever clients send: an
-// identity keeps a copy of its user name and fixed-size buckets, a backoff
+// identity keeps a copy of at most 512 bytes of its user name and
+// fixed-size buckets, a backoff
 // key is a 128-bit hash of the watch key (never the client's strings), a
 // stale version a parsed number. BENCHMARKS.md gives the bytes per key, so
 // the worst case is MaxTrackedKeys·(B/identity) +
