@@ -336,3 +336,17 @@ func TestIdentitiesWithTheSameHash(t *testing.T) {
 		t.Fatalf("%d chains, %d tracked after evicting all", len(sh.ids), sh.tracked)
 	}
 }
+
+// A budget edit that turns backoff off clears the delays but not the
+// record of stale answers: a looping client is still held back.
+func TestTurningBackoffOffKeepsStaleRepeatsHeld(t *testing.T) {
+	b := Budget{Name: "b", Backoff: Backoff{Initial: 10 * s, Max: time.Minute, ShortWatch: s}, StaleVersions: StaleVersions{Memory: time.Hour}}
+	e := newTestEngine(t, Options{}, b)
+	e.StaleVersionSeen(t0, "", "pods", "7")
+	expect(t, "first stale answer", e.Decide(t0, watchFrom("7")), false, ReasonStaleResourceVersion, 0)
+	expect(t, "backing off", e.Decide(t0, watchFrom("8")), false, ReasonBackingOff, 10*s)
+	b.Backoff = Backoff{}
+	e.SetPolicy(t0.Add(s), mustPolicy(t, b))
+	expect(t, "no backoff now", e.Decide(t0.Add(s), watchFrom("8")), true, "", 0)
+	expect(t, "a repeat is still held", e.Decide(t0.Add(2*s), watchFrom("7")), false, ReasonStaleResourceVersion, StaleRepeatHold)
+}

@@ -204,13 +204,20 @@ func (id *identity) touch(now time.Time) {
 // configure makes the buckets follow cfg at now, keeping the tokens they
 // hold (rate.Limiter's SetLimitAt and SetBurstAt advance first). A bucket
 // that appears starts full, like a new identity's. A budget without backoff
-// drops the identity's backoff keys. id.sh.mu is held.
+// clears the identity's backoff delays (keeping its stale-answer records,
+// which hold repeats back whatever the backoff). id.sh.mu is held.
 func (e *Engine) configure(id *identity, now time.Time, cfg *Budget) {
 	id.cfg = cfg
 	id.watch = rebucket(id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
 	id.list = rebucket(id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
-	if cfg.Backoff.Initial == 0 && id.backoff != nil {
-		e.dropBackoff(id)
+	if cfg.Backoff.Initial == 0 {
+		for k, st := range id.backoff {
+			if st.staleAt == 0 {
+				e.forget(id, k)
+			} else {
+				id.backoff[k] = backoffState{staleAt: st.staleAt}
+			}
+		}
 	}
 }
 
