@@ -168,3 +168,20 @@ func TestHugeUserNamesAreKeptBounded(t *testing.T) {
 	}
 	runtime.KeepAlive(e)
 }
+
+// Stale reports that could not come from an API server — names longer than
+// an API group or resource can be, versions that do not parse — are not
+// remembered at all.
+func TestImpossibleStaleReportsAreNotRemembered(t *testing.T) {
+	e := newTestEngine(t, Options{}, Budget{Name: "b", StaleVersions: StaleVersions{Memory: time.Hour}})
+	long := strings.Repeat("g", 1<<20)
+	e.StaleVersionSeen(t0, long, "pods", "42")
+	e.StaleVersionSeen(t0, "", long, "42")
+	for _, rv := range []string{"", "0", "000", "-1", "1e3", "18446744073709551616", strings.Repeat("9", 1<<20)} {
+		e.StaleVersionSeen(t0, "", "pods", rv)
+	}
+	if v, r := e.stale.versions.count(), e.stale.resources.count(); v != 0 || r != 0 {
+		t.Errorf("remembering %d versions of %d resources, want none", v, r)
+	}
+	expect(t, "a watch from 42", e.Decide(t0, watchFrom("42")), true, "", 0)
+}
