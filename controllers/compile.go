@@ -85,6 +85,7 @@ func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
 		},
 		StaleVersions: ratelimit.StaleVersions{
 			Action: ratelimit.StaleAction(sv.Action),
+			Match:  ratelimit.StaleMatch(sv.Match),
 			Memory: seconds(deref(sv.MemorySeconds, defaultStaleMemorySeconds)),
 		},
 	}

@@ -43,16 +43,12 @@ func replicaFieldOwner(pod string) string {
 func rejections(st ratelimit.BudgetStats) int64 {
 	var n int64
 	for reason, count := range st.Decisions {
-		if reason != reasonAllowed {
+		if reason != ratelimit.ReasonAllowed {
 			n += count
 		}
 	}
 	return n
 }
-
-// reasonAllowed is the key under which Stats counts decisions without a
-// reason.
-const reasonAllowed = ratelimit.Reason("Allowed")
 
 // replicaEntry is one replica's status entry for a budget. Zero counts are
 // left out of decisions.

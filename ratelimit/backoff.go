@@ -1,21 +1,96 @@
 package ratelimit
 
 import (
-	"hash/fnv"
 	"math"
 	"time"
 )
 
-// backoffState is one watch key's backoff.
+// backoffState is one watch key's backoff and stale-answer record.
 type backoffState struct {
 	// failures counts consecutive failures.
 	failures int32
-	// until is when the current delay expires, UnixNano.
+	// until is when the current delay expires, UnixNano; 0 when none.
 	until int64
+	// staleAt is the latest stale answer for the key, UnixNano; 0 when
+	// none (see staleHold).
+	staleAt int64
 }
 
-// learn feeds the end of one watch into the backoff of its key, following
-// bo (a zero Initial disables backoff):
+// Where an identity keeps backoff. Each identity tracks up to
+// Options.MaxBackoffKeysPerIdentity watch keys of its own, and the engine
+// up to Options.MaxBackoffKeys in all; a failing key that finds no room
+// shares the identity's overflowKey with every other such key, and a watch
+// whose key is not tracked is governed by overflowKey when the identity
+// has one. So an identity that fails on ever new keys stays throttled as
+// one key, and neither it nor any other identity can take another
+// identity's place: identities have a cap of their own
+// (Options.MaxTrackedKeys). The overflowKey entry is not counted against
+// MaxBackoffKeys: there is at most one per identity.
+
+// ownKeys is the number of the identity's tracked keys, overflowKey aside.
+func (id *identity) ownKeys() int {
+	n := len(id.backoff)
+	if _, ok := id.backoff[overflowKey]; ok {
+		n--
+	}
+	return n
+}
+
+// lookup returns the key whose state governs k, and that state: k's own
+// when tracked, else the identity's overflowKey's when it has one.
+func (id *identity) lookup(k watchKey) (watchKey, backoffState, bool) {
+	if st, ok := id.backoff[k]; ok {
+		return k, st, true
+	}
+	if st, ok := id.backoff[overflowKey]; ok {
+		return overflowKey, st, true
+	}
+	return k, backoffState{}, false
+}
+
+// slot returns where to record new state for k, and the state there: k's
+// own entry when tracked or when both caps have room (then the key is
+// counted, and the caller must store it), else overflowKey's. id.sh.mu is
+// held.
+func (e *Engine) slot(id *identity, k watchKey) (watchKey, backoffState) {
+	if st, ok := id.backoff[k]; ok {
+		return k, st
+	}
+	if id.ownKeys() < e.opts.MaxBackoffKeysPerIdentity && e.backoffKeys.take() {
+		return k, backoffState{}
+	}
+	return overflowKey, id.backoff[overflowKey]
+}
+
+func (id *identity) put(k watchKey, st backoffState) {
+	if id.backoff == nil {
+		id.backoff = make(map[watchKey]backoffState, 1)
+	}
+	id.backoff[k] = st
+}
+
+// forget drops k's state. id.sh.mu is held.
+func (e *Engine) forget(id *identity, k watchKey) {
+	if _, ok := id.backoff[k]; !ok {
+		return
+	}
+	delete(id.backoff, k)
+	if k != overflowKey {
+		e.backoffKeys.give(1)
+	}
+	if len(id.backoff) == 0 {
+		id.backoff = nil
+	}
+}
+
+// dropBackoff drops all of the identity's keys. id.sh.mu is held.
+func (e *Engine) dropBackoff(id *identity) {
+	e.backoffKeys.give(id.ownKeys())
+	id.backoff = nil
+}
+
+// learn feeds the end of one watch with key req into the backoff of its
+// key, following bo (a zero Initial disables backoff):
 //
 //   - a watch that lived at least ResetAfter clears the key, however it
 //     ended (a long-lived watch that finally errors, typically with 410
@@ -24,44 +99,73 @@ type backoffState struct {
 //   - otherwise a watch that ended with OutcomeError, or sooner than
 //     ShortWatch, is a failure: the key's next watch waits backoffDelay
 //     after now;
-//   - otherwise nothing changes.
+//   - otherwise, and after OutcomeDenied (the caller's rights are at
+//     fault, not the watch), nothing changes.
 //
-// Keys are not tracked beyond Options.MaxTrackedKeys. id.sh.mu is held.
-func (e *Engine) learn(id *identity, key watchKey, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
+// The key is hashed only when something changes. id.sh.mu is held.
+func (e *Engine) learn(id *identity, req *requestKey, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
 	if bo.Initial <= 0 || outcome == OutcomeDenied {
 		return
 	}
-	sh := id.sh
 	failed := outcome == OutcomeError || lifetime < bo.ShortWatch
 	if (bo.ResetAfter > 0 && lifetime >= bo.ResetAfter) || (bo.ResetAfter == 0 && !failed) {
-		if _, ok := id.backoff[key]; ok {
-			delete(id.backoff, key)
-			sh.keys--
-			e.keys.Add(-1)
+		if len(id.backoff) > 0 {
+			if k, _, ok := id.lookup(e.seeds.watchKeyOf(req)); ok {
+				e.forget(id, k)
+			}
 		}
 		return
 	}
-	if !failed {
-		return
+	if failed {
+		k, st := e.slot(id, e.seeds.watchKeyOf(req))
+		id.put(k, e.failure(id, req, st, now, bo))
 	}
-	st, ok := id.backoff[key]
-	if !ok {
-		if e.keys.Add(1) > int64(e.opts.MaxTrackedKeys) {
-			e.keys.Add(-1)
-			return
-		}
-		sh.keys++
-		key = key.clone()
-		if id.backoff == nil {
-			id.backoff = make(map[watchKey]backoffState)
-		}
-	}
+}
+
+// failure returns st after one more failure at now.
+func (e *Engine) failure(id *identity, req *requestKey, st backoffState, now time.Time, bo Backoff) backoffState {
 	if st.failures < math.MaxInt32 {
 		st.failures++
 	}
 	ns := now.UnixNano()
-	st.until = ns + int64(backoffDelay(bo, st.failures, e.jitter, e.uniform(id.user, key, ns, st.failures)))
-	id.backoff[key] = st
+	u := e.uniform(jitterInput(id.user, req), ns, st.failures)
+	st.until = ns + int64(backoffDelay(bo, st.failures, e.jitter, u))
+	return st
+}
+
+// staleHold records a watch answered locally as stale, and returns how
+// long to hold the answer back. The answer is the API server's own (410
+// Expired), but a client that comes back with a stale version at once is
+// looping, exactly like one whose watches die within a second:
+//
+//   - the first stale answer for the identity's watch key is not held, so
+//     a client that resyncs after "too old" is not slowed;
+//   - a repeat within staleRepeatWindow of the previous one is held at
+//     least StaleRepeatHold, whatever the budget's backoff — with Backoff
+//     disabled, a looping client is answered about once a second;
+//   - with Backoff enabled the answer also counts as a failed watch of the
+//     key (see learn), and the hold is at least what is left of the key's
+//     backoff before this failure: Initial, 2·Initial, … (callers cap
+//     each hold).
+//
+// id.sh.mu is held.
+func (e *Engine) staleHold(id *identity, req *requestKey, now time.Time, bo Backoff) time.Duration {
+	k := e.seeds.watchKeyOf(req)
+	ns := now.UnixNano()
+	var hold time.Duration
+	if _, prev, ok := id.lookup(k); ok {
+		hold = max(0, time.Duration(prev.until-ns))
+		if prev.staleAt != 0 && ns-prev.staleAt < int64(staleRepeatWindow) {
+			hold = max(hold, StaleRepeatHold)
+		}
+	}
+	k, st := e.slot(id, k)
+	if bo.Initial > 0 {
+		st = e.failure(id, req, st, now, bo)
+	}
+	st.staleAt = ns
+	id.put(k, st)
+	return hold
 }
 
 // backoffDelay is the delay after the n-th consecutive failure (n >= 1) of
@@ -86,16 +190,11 @@ func backoffDelay(bo Backoff, n int32, jitter, u float64) time.Duration {
 }
 
 // uniform draws a number in [0, 1) from the engine's seed and the failure
-// (user, key, instant and count), so that jitter is reproducible under a
-// fixed Options.Seed yet differs between keys failing at the same instant.
-// It needs no lock, unlike a shared random source.
-func (e *Engine) uniform(user string, key watchKey, ns int64, n int32) float64 {
-	h := fnv.New64a()
-	for _, s := range [...]string{user, key.group, key.resource, key.namespace, key.labelSelector, key.fieldSelector} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
-	}
-	x := splitmix64(e.jitterSeed ^ h.Sum64() ^ uint64(ns) ^ uint64(n)<<48)
+// (a digest of user and key, instant and count), so that jitter is
+// reproducible under a fixed Options.Seed yet differs between keys failing
+// at the same instant. It needs no lock, unlike a shared random source.
+func (e *Engine) uniform(digest uint64, ns int64, n int32) float64 {
+	x := splitmix64(e.jitterSeed ^ digest ^ uint64(ns) ^ uint64(n)<<48)
 	return float64(x>>11) / (1 << 53)
 }
 

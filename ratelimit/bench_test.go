@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,4 +132,67 @@ func reportCPU(b *testing.B, cpu time.Duration) {
 		return
 	}
 	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkBackoffKeyMemory reports the heap held per backoff key, over
+// 100,000 distinct keys: 1,563 identities that each failed watches on 64
+// keys (their cap, Options.MaxBackoffKeysPerIdentity), every key with a
+// 4 KiB label selector, which the engine must not keep. The identities
+// exist before the first measurement, so only the keys count.
+func BenchmarkBackoffKeyMemory(b *testing.B) {
+	const n = 100_000
+	per := defaultMaxBackoffKeysPerIdentity
+	users := make([]string, (n+per-1)/per)
+	for i := range users {
+		users[i] = fmt.Sprintf("system:serviceaccount:team-%d:agent", i)
+	}
+	pad := strings.Repeat("x", 4<<10)
+	var perKey float64
+	for b.Loop() {
+		e := benchEngine(b)
+		for _, u := range users {
+			r := benchRequest(u, VerbList)
+			e.Decide(t0, &r)
+		}
+		before := heapInUse()
+		for i := range n {
+			r := benchRequest(users[i/per], VerbWatch)
+			r.LabelSelector = fmt.Sprint("run=", i, ",pad=", pad)
+			d := e.Decide(t0, &r)
+			if !d.Allowed {
+				b.Fatalf("key %d: %+v", i, d)
+			}
+			e.WatchEnded(t0, d.Watch, 0, OutcomeError)
+		}
+		after := heapInUse()
+		if got := e.backoffKeys.count(); got != n {
+			b.Fatalf("tracking %d backoff keys, want %d", got, n)
+		}
+		perKey = float64(after-before) / n
+		runtime.KeepAlive(e)
+	}
+	b.ReportMetric(perKey, "B/key")
+}
+
+// BenchmarkStaleVersionMemory reports the heap held per remembered stale
+// version at the cap (maxStaleVersions, over 16 resources), each reported
+// as a 1 KiB string of leading zeros and digits, which the engine must not
+// keep.
+func BenchmarkStaleVersionMemory(b *testing.B) {
+	zeros := strings.Repeat("0", 1<<10)
+	var perVersion float64
+	for b.Loop() {
+		e := NewEngine(Options{})
+		before := heapInUse()
+		for i := range maxStaleVersions {
+			e.StaleVersionSeen(t0, "", fmt.Sprint("resource-", i%16), zeros+fmt.Sprint(i+1))
+		}
+		after := heapInUse()
+		if got := e.stale.versions.count(); got != maxStaleVersions {
+			b.Fatalf("remembering %d versions, want %d", got, maxStaleVersions)
+		}
+		perVersion = float64(after-before) / maxStaleVersions
+		runtime.KeepAlive(e)
+	}
+	b.ReportMetric(perVersion, "B/version")
 }

@@ -5,19 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 )
-
-// Policy is an immutable, compiled set of budgets: what an Engine enforces.
-// Build one with NewPolicy and hand it to Engine.SetPolicy; a Policy may be
-// shared by several engines and read by any number of goroutines.
-type Policy struct {
-	// budgets are deep copies with defaults filled in, in match order:
-	// precedence ascending, then name.
-	budgets []Budget
-	// longestStaleMemory bounds how long the engine keeps a stale version.
-	longestStaleMemory time.Duration
-}
 
 // NewPolicy validates and compiles budgets. It returns an error naming every
 // invalid budget (see Budget.Validate) and every duplicated name; an error
@@ -26,11 +14,11 @@ type Policy struct {
 // bad ones out.
 //
 // The budgets are copied: changing them afterwards does not change the
-// Policy. Empty Enforcement becomes Enforce and empty StaleVersions.Action
-// becomes StaleReject.
+// Policy. Empty Enforcement becomes Enforce, empty StaleVersions.Action
+// becomes StaleReject and empty StaleVersions.Match StaleMatchAtOrBelow.
 func NewPolicy(budgets []Budget) (*Policy, error) {
 	var errs []error
-	seen := make(map[string]bool, len(budgets))
+	named := make(map[string]bool, len(budgets))
 	p := &Policy{budgets: make([]Budget, 0, len(budgets))}
 	for i := range budgets {
 		b := budgets[i]
@@ -38,11 +26,11 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 			errs = append(errs, fmt.Errorf("budget %q: %w", b.Name, err))
 			continue
 		}
-		if seen[b.Name] {
+		if named[b.Name] {
 			errs = append(errs, fmt.Errorf("budget %q: name: duplicate", b.Name))
 			continue
 		}
-		seen[b.Name] = true
+		named[b.Name] = true
 		p.budgets = append(p.budgets, compileBudget(b))
 	}
 	if len(errs) > 0 {
@@ -54,8 +42,10 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
+	p.subjects = make([][]subjectMatcher, len(p.budgets))
 	for i := range p.budgets {
 		p.longestStaleMemory = max(p.longestStaleMemory, p.budgets[i].StaleVersions.Memory)
+		p.subjects[i] = compileSubjects(p.budgets[i].Subjects)
 	}
 	return p, nil
 }
@@ -75,6 +65,9 @@ func compileBudget(b Budget) Budget {
 	}
 	if b.StaleVersions.Action == "" {
 		b.StaleVersions.Action = StaleReject
+	}
+	if b.StaleVersions.Match == "" {
+		b.StaleVersions.Match = StaleMatchAtOrBelow
 	}
 	if b.Limits.InitialStateCost == 0 {
 		b.Limits.InitialStateCost = 1
@@ -113,7 +106,7 @@ func (p *Policy) match(user string, groups []string, group, resource, namespace 
 	}
 	for i := range p.budgets {
 		b := &p.budgets[i]
-		if matchSubjects(b.Subjects, user, groups) && matchResources(b.Resources, group, resource, namespace) {
+		if matchResources(b.Resources, group, resource, namespace) && matchSubjects(p.subjects[i], user, groups) {
 			return i
 		}
 	}
@@ -122,7 +115,28 @@ func (p *Policy) match(user string, groups []string, group, resource, namespace 
 
 const serviceAccountPrefix = "system:serviceaccount:"
 
-func matchSubjects(subjects []Subject, user string, groups []string) bool {
+// subjectMatcher is a Subject compiled for matching.
+type subjectMatcher struct {
+	Subject
+	// userPrefix, for a ServiceAccount subject whose namespace is exact, is
+	// "system:serviceaccount:<namespace>:": a user matches when it has the
+	// prefix and the rest matches Name. Namespaces hold no ':', so this is
+	// the same as splitting the user name at its colons, in one comparison.
+	userPrefix string
+}
+
+func compileSubjects(subjects []Subject) []subjectMatcher {
+	out := make([]subjectMatcher, len(subjects))
+	for i, s := range subjects {
+		out[i].Subject = s
+		if s.Kind == ServiceAccount && !strings.ContainsAny(s.Namespace, ":*") {
+			out[i].userPrefix = serviceAccountPrefix + s.Namespace + ":"
+		}
+	}
+	return out
+}
+
+func matchSubjects(subjects []subjectMatcher, user string, groups []string) bool {
 	if len(subjects) == 0 {
 		return true
 	}
@@ -140,7 +154,11 @@ func matchSubjects(subjects []Subject, user string, groups []string) bool {
 				}
 			}
 		case ServiceAccount:
-			if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
+			if s.userPrefix != "" {
+				if rest, ok := strings.CutPrefix(user, s.userPrefix); ok && matchName(s.Name, rest) {
+					return true
+				}
+			} else if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
 				ns, name, ok := strings.Cut(rest, ":")
 				if ok && matchName(s.Namespace, ns) && matchName(s.Name, name) {
 					return true

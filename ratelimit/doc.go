@@ -15,7 +15,8 @@
 //	d := engine.Decide(time.Now(), &ratelimit.Request{...})
 //	if !d.Allowed {
 //		// 429 with Retry-After: d.RetryAfter, or for
-//		// ReasonStaleResourceVersion a 410 Expired watch event.
+//		// ReasonStaleResourceVersion a 410 Expired watch event sent
+//		// after holding it back for d.RetryAfter (capped).
 //	}
 //	start := time.Now()
 //	// ... stream the watch; on an ERROR 410 event:
@@ -26,17 +27,27 @@
 // and calls Sweep every 30s and Stats for the budgets' status.
 //
 // The tour:
-//   - policy.go: the budgets a Policy is compiled from;
+//   - policy.go: Policy and the budgets it is compiled from, StaleMatch;
 //   - validate.go: Budget.Validate, field-path errors;
 //   - compile.go: NewPolicy and matching (lowest precedence, then name);
-//   - request.go: Request, Decision, Watch, Reason, Outcome;
-//   - engine.go: Engine, Decide, WatchEnded, SetPolicy;
+//   - request.go: Request, Decision, Watch, Reason, Outcome,
+//     StaleRepeatHold;
+//   - engine.go: Engine, Options, Decide, WatchEnded, SetPolicy;
 //   - identity.go: per-budget sharded identity state and its buckets;
-//   - backoff.go: the backoff formula and how watch endings feed it;
-//   - stale.go: the stale-resourceVersion memory;
+//   - backoff.go: the backoff formula, how watch endings and stale
+//     answers feed it, and the per-identity overflow key;
+//   - watchkey.go: the fixed-size hash a backoff key is stored as;
+//   - stale.go: the stale-resourceVersion memory (parsed versions, the
+//     per-resource watermark);
+//   - keycap.go: the one counter of tracked keys against their caps;
 //   - sweep.go: idle eviction; stats.go: figures for status.
 //
-// Memory is bounded: Sweep evicts state that changes no decision, and
-// Options.MaxTrackedKeys caps the rest (identities beyond it share a
-// per-budget overflow identity: limited together, never unlimited).
+// Memory is bounded in count and bytes, whatever clients send: Sweep
+// evicts state that changes no decision, and caps bound the rest —
+// Options.MaxTrackedKeys for identities (beyond it they share a
+// per-budget overflow identity: limited together, never unlimited),
+// Options.MaxBackoffKeys and MaxBackoffKeysPerIdentity for backoff keys
+// (stored as 128-bit hashes; beyond its cap an identity's failing keys
+// back off together), and fixed caps for stale versions (stored as
+// numbers). No identity's keys count against another's cap.
 package ratelimit

@@ -9,21 +9,41 @@ import (
 )
 
 // Options configure an Engine. The zero value is usable.
+//
+// The caps bound the engine's memory in bytes whatever clients send: an
+// identity keeps a copy of at most 512 bytes of its user name and
+// fixed-size buckets, a backoff
+// key is a 128-bit hash of the watch key (never the client's strings), a
+// stale version a parsed number. BENCHMARKS.md gives the bytes per key, so
+// the worst case is MaxTrackedKeys·(B/identity) +
+// MaxBackoffKeys·(B/backoff key) + the stale-version caps.
 type Options struct {
-	// MaxTrackedKeys caps the keys the engine tracks: identities (one per
-	// budget × user) plus backoff keys (one per identity × watch key that
-	// failed). Default 1<<20: a few hundred MiB at the worst (an identity
-	// takes about 340 B, see BENCHMARKS.md).
+	// MaxTrackedKeys caps the identities the engine tracks (one per
+	// budget × user). Default 1<<20. Backoff keys do not count against it
+	// (see MaxBackoffKeys), so no identity's failures can push another
+	// identity out. At the cap, identities take about 340 MiB (see
+	// BENCHMARKS.md), plus at most one overflow backoff key each.
 	//
-	// At the cap the engine stays within it and stays safe:
-	//   - a new identity is governed by its budget's shared overflow
-	//     identity: every user that arrives while the engine is full shares
-	//     one set of buckets and one concurrency cap, as if they were one
-	//     user — strict for them, never unlimited for the API server;
-	//   - a failing watch key that is not yet tracked gets no backoff (the
-	//     buckets still bound it).
-	// Sweep frees keys, and new identities are then tracked again.
+	// At the cap a new identity is governed by its budget's shared
+	// overflow identity: every user that arrives while the engine is full
+	// shares one set of buckets and one concurrency cap, as if they were
+	// one user — strict for them, never unlimited for the API server.
+	// Sweep frees identities, and new ones are then tracked again.
 	MaxTrackedKeys int
+	// MaxBackoffKeys caps the backoff keys (identity × watch key that
+	// failed or was answered stale) the engine tracks in all. Default
+	// 1<<18 (about 21 MiB, see BENCHMARKS.md): a key exists only while its
+	// watches fail. At the cap a failing key that is not yet tracked is kept in
+	// its identity's overflow key (see MaxBackoffKeysPerIdentity): it
+	// still backs off, together with the identity's other untracked keys.
+	MaxBackoffKeys int
+	// MaxBackoffKeysPerIdentity caps the backoff keys one identity tracks.
+	// Default 64: a client rarely watches more than a few dozen distinct
+	// (resource, namespace, selector) keys, and one that fails on more is
+	// misbehaving. Beyond it every further failing key of the identity
+	// shares one per-identity overflow key, and a watch whose key is not
+	// tracked is governed by it: the identity stays throttled, as one key.
+	MaxBackoffKeysPerIdentity int
 	// IdleAfter is how long state must go untouched before Sweep may evict
 	// it. Default 10m.
 	IdleAfter time.Duration
@@ -41,9 +61,11 @@ type Options struct {
 }
 
 const (
-	defaultMaxTrackedKeys         = 1 << 20
-	defaultIdleAfter              = 10 * time.Minute
-	defaultThrottleNotifyInterval = time.Minute
+	defaultMaxTrackedKeys            = 1 << 20
+	defaultMaxBackoffKeys            = 1 << 18
+	defaultMaxBackoffKeysPerIdentity = 64
+	defaultIdleAfter                 = 10 * time.Minute
+	defaultThrottleNotifyInterval    = time.Minute
 	// defaultJitter is the fraction of a backoff delay drawn at random.
 	defaultJitter = 0.2
 )
@@ -66,18 +88,22 @@ const (
 //   - an optional list bucket (ListsPerMinute, ListBurst);
 //   - a count of open watches, capped at MaxConcurrentWatches;
 //   - backoff per watch key (group, resource, namespace, label and field
-//     selector): see WatchEnded.
+//     selector, kept as a 128-bit hash), at most
+//     Options.MaxBackoffKeysPerIdentity keys: see WatchEnded.
 //
-// Engine-wide it remembers stale resourceVersions per (group, resource).
+// Engine-wide it remembers stale resourceVersions per (group, resource):
+// each reported version, and the highest one as a "too old" watermark (see
+// StaleMatch).
 //
 // When several checks would reject a watch, the first in this order is the
 // Reason: stale version (it never reaches the server, so nothing else
 // matters), backoff, concurrency, tokens. A rejected request takes no
 // tokens and no slot. A stale-version rejection counts as a failed watch of
-// its key, and its RetryAfter is the backoff the key was already in: a
-// client looping on a stale version is answered "too old" with a growing
-// hold-back instead of at once (see staleAgain). A DryRun budget reports the same Reason but allows
-// the request: the watch takes a slot (it is open, after all) but no
+// its key (with Backoff enabled), and its RetryAfter says how long to hold
+// the local answer back: 0 the first time, at least StaleRepeatHold for a
+// repeat whatever the budget's Backoff, more while the key backs off (see
+// staleHold). A DryRun budget reports the same Reason but allows the
+// request: the watch takes a slot (it is open, after all) but no
 // tokens, so the figures reported are what Enforce would have done. An
 // Exempt budget allows without tracking anything.
 //
@@ -89,16 +115,19 @@ const (
 // WatchEnded take one lock, that of the identity's shard (one of 64 per
 // budget), and read the Policy through an atomic pointer.
 type Engine struct {
-	opts       Options
-	hashSeed   maphash.Seed
+	opts Options
+	// userSeed hashes user names to shards; seeds hash watch keys.
+	userSeed   maphash.Seed
+	seeds      keySeeds
 	jitterSeed uint64
 
-	active atomic.Pointer[active]
+	current atomic.Pointer[enforced]
 	// swapMu serialises SetPolicy.
 	swapMu sync.Mutex
-	// keys counts tracked identities and backoff keys, for MaxTrackedKeys.
-	keys  atomic.Int64
-	stale staleMemory
+	// identities and backoffKeys count what is tracked, for
+	// MaxTrackedKeys and MaxBackoffKeys.
+	identities, backoffKeys keyCap
+	stale                   staleMemory
 
 	// The following are used for testing purposes.
 	//
@@ -106,8 +135,8 @@ type Engine struct {
 	jitter float64
 }
 
-// active is the current policy with the state of each of its budgets.
-type active struct {
+// enforced is a policy with the state of each of its budgets.
+type enforced struct {
 	policy *Policy
 	// states[i] belongs to policy.budgets[i].
 	states []*budgetState
@@ -118,23 +147,31 @@ func NewEngine(opts Options) *Engine {
 	if opts.MaxTrackedKeys <= 0 {
 		opts.MaxTrackedKeys = defaultMaxTrackedKeys
 	}
+	if opts.MaxBackoffKeys <= 0 {
+		opts.MaxBackoffKeys = defaultMaxBackoffKeys
+	}
+	if opts.MaxBackoffKeysPerIdentity <= 0 {
+		opts.MaxBackoffKeysPerIdentity = defaultMaxBackoffKeysPerIdentity
+	}
 	if opts.IdleAfter <= 0 {
 		opts.IdleAfter = defaultIdleAfter
 	}
 	if opts.ThrottleNotifyInterval <= 0 {
 		opts.ThrottleNotifyInterval = defaultThrottleNotifyInterval
 	}
-	e := &Engine{opts: opts, hashSeed: maphash.MakeSeed(), jitterSeed: opts.Seed, jitter: defaultJitter}
+	e := &Engine{opts: opts, userSeed: maphash.MakeSeed(), seeds: newKeySeeds(), jitterSeed: opts.Seed, jitter: defaultJitter}
 	if e.jitterSeed == 0 {
 		e.jitterSeed = rand.Uint64()
 	}
+	e.identities.max = int64(opts.MaxTrackedKeys)
+	e.backoffKeys.max = int64(opts.MaxBackoffKeys)
 	e.stale.init()
-	e.active.Store(&active{policy: &Policy{}})
+	e.current.Store(&enforced{policy: &Policy{}})
 	return e
 }
 
 // Policy returns the current policy.
-func (e *Engine) Policy() *Policy { return e.active.Load().policy }
+func (e *Engine) Policy() *Policy { return e.current.Load().policy }
 
 // SetPolicy makes p the current policy (nil means an empty one). State is
 // kept per budget name: a budget that stays keeps every identity's buckets
@@ -149,12 +186,12 @@ func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 	e.swapMu.Lock()
 	defer e.swapMu.Unlock()
 
-	old := e.active.Load()
+	old := e.current.Load()
 	byName := make(map[string]*budgetState, len(old.states))
 	for _, bs := range old.states {
 		byName[bs.name] = bs
 	}
-	next := &active{policy: p, states: make([]*budgetState, len(p.budgets))}
+	next := &enforced{policy: p, states: make([]*budgetState, len(p.budgets))}
 	var kept []*budgetState
 	for i := range p.budgets {
 		b := &p.budgets[i]
@@ -164,16 +201,16 @@ func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 			next.states[i] = bs
 			kept = append(kept, bs)
 		} else {
-			next.states[i] = newBudgetState(b, &e.keys)
+			next.states[i] = newBudgetState(b)
 		}
 	}
-	e.active.Store(next)
+	e.current.Store(next)
 
 	for _, bs := range kept {
-		bs.reconfigure(now)
+		e.reconfigure(bs, now)
 	}
 	for _, bs := range byName {
-		bs.remove()
+		e.remove(bs)
 	}
 }
 
@@ -182,19 +219,17 @@ func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 // concurrently under the old configuration) are reconfigured on their next
 // decision. It does not count as seeing the identities: a policy swap does
 // not delay their eviction.
-func (bs *budgetState) reconfigure(now time.Time) {
+func (e *Engine) reconfigure(bs *budgetState, now time.Time) {
 	cfg := bs.cfg.Load()
 	apply := func(id *identity) {
 		if id.cfg != cfg {
-			id.configure(id.clock(now), cfg)
+			e.configure(id, id.clock(now), cfg)
 		}
 	}
 	for i := range bs.shards {
 		sh := &bs.shards[i]
 		sh.mu.Lock()
-		for _, id := range sh.ids {
-			apply(id)
-		}
+		sh.each(apply)
 		sh.mu.Unlock()
 	}
 	bs.overflow.mu.Lock()
@@ -203,16 +238,20 @@ func (bs *budgetState) reconfigure(now time.Time) {
 }
 
 // remove frees a dropped budget's state and gives its keys back.
-func (bs *budgetState) remove() {
+func (e *Engine) remove(bs *budgetState) {
 	bs.removed.Store(true)
 	for i := range bs.shards {
 		sh := &bs.shards[i]
 		sh.mu.Lock()
-		bs.keys.Add(-sh.keys)
-		sh.keys = 0
-		sh.ids = nil
+		sh.each(e.dropBackoff)
+		e.identities.give(sh.tracked)
+		sh.ids, sh.tracked = nil, 0
 		sh.mu.Unlock()
 	}
+	sh := &bs.overflow
+	sh.mu.Lock()
+	e.dropBackoff(sh.spill)
+	sh.mu.Unlock()
 }
 
 // Decide answers r at now. See Engine for the checks and their order.
@@ -220,7 +259,7 @@ func (bs *budgetState) remove() {
 // An admitted watch's Decision carries a Watch: pass it to WatchEnded when
 // the watch ends.
 func (e *Engine) Decide(now time.Time, r *Request) Decision {
-	a := e.active.Load()
+	a := e.current.Load()
 	i := a.policy.match(r.User, r.Groups, r.Group, r.Resource, r.Namespace)
 	if i < 0 {
 		return Decision{Allowed: true}
@@ -228,52 +267,27 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	bs := a.states[i]
 	cfg := bs.cfg.Load()
 	d := Decision{Allowed: true, Budget: cfg.Name, Enforcement: cfg.Enforcement}
-	sh := bs.shardFor(e.hashSeed, r.User)
+	h := maphash.String(e.userSeed, r.User)
+	sh := bs.shardFor(h)
 	if cfg.Enforcement == Exempt {
 		sh.exempt.Add(1)
 		return d
 	}
+	stale := r.Verb == VerbWatch && cfg.StaleVersions.Action == StaleReject &&
+		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, &cfg.StaleVersions)
 
-	watch := r.Verb == VerbWatch
-	if watch && cfg.StaleVersions.Action == StaleReject &&
-		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, cfg.StaleVersions.Memory) {
-		d.Reason = ReasonStaleResourceVersion
-	}
-
-	id, now := e.acquire(sh, r.User, cfg, now)
-	sh = id.sh
-	if d.Reason == ReasonStaleResourceVersion && cfg.Enforcement != DryRun {
-		d.RetryAfter = e.staleAgain(id, keyOf(r), now, cfg.Backoff)
-	}
-	if d.Reason == ReasonNone {
-		if watch {
-			d.Reason, d.RetryAfter = id.checkWatch(now, r, cfg)
-		} else if r.Verb == VerbList && id.list != nil && !id.list.AllowN(now, 1) {
-			d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(id.list, now, 1)
+	user := e.userKey(r.User)
+	sh.mu.Lock()
+	id := sh.find(h, user)
+	if id == nil {
+		if id = e.track(sh, h, user); id == nil {
+			sh.mu.Unlock()
+			sh = &bs.overflow
+			sh.mu.Lock()
+			id = sh.spill
 		}
 	}
-	if d.Reason != ReasonNone && cfg.Enforcement == DryRun {
-		d.DryRun = true
-	} else if d.Reason != ReasonNone {
-		d.Allowed = false
-	}
-	if d.Allowed && watch {
-		s := slots.Get().(*slot)
-		d.Watch = Watch{slot: s, gen: s.gen.Load(), id: id, key: keyOf(r)}
-		id.open++
-		sh.open++
-	}
-
-	notify := false
-	if d.Reason != ReasonNone {
-		id.rejections++
-		ns := now.UnixNano()
-		if e.opts.OnThrottled != nil && (id.notified == 0 || ns-id.notified >= int64(e.opts.ThrottleNotifyInterval)) {
-			id.notified = ns
-			notify = true
-		}
-	}
-	sh.decisions[reasonIndex(d.Reason)]++
+	notify := e.decide(id, e.advance(id, now, cfg), r, cfg, stale, &d)
 	sh.mu.Unlock()
 
 	if notify {
@@ -282,29 +296,54 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	return d
 }
 
-// staleAgain is the backoff of a watch answered locally as stale: the
-// answer is the API server's own (410 Expired), but a client that comes
-// back with the same stale version at once is looping, exactly like one
-// whose watches die within a second. So the local answer counts as a
-// failed watch of the key (see learn), and the returned wait — the time
-// left of the key's backoff before this failure, 0 the first time — tells
-// the caller how long to hold the answer back. A client that resyncs after
-// its first "too old" is not slowed; one that loops is answered every
-// Initial, 2·Initial, … (callers cap the hold). id.sh.mu is held.
-func (e *Engine) staleAgain(id *identity, key watchKey, now time.Time, bo Backoff) time.Duration {
-	var wait time.Duration
-	if st, ok := id.backoff[key]; ok {
-		wait = max(0, time.Duration(st.until-now.UnixNano()))
+// decide fills in d for id, deciding at now under cfg (stale: r asks for a
+// version the stale memory holds), and reports whether to call
+// OnThrottled. id.sh.mu is held.
+func (e *Engine) decide(id *identity, now time.Time, r *Request, cfg *Budget, stale bool, d *Decision) (notify bool) {
+	watch := r.Verb == VerbWatch
+	switch {
+	case stale:
+		d.Reason = ReasonStaleResourceVersion
+		if cfg.Enforcement != DryRun {
+			req := requestKeyOf(r)
+			d.RetryAfter = e.staleHold(id, &req, now, cfg.Backoff)
+		}
+	case watch:
+		d.Reason, d.RetryAfter = e.checkWatch(id, now, r, cfg)
+	case r.Verb == VerbList && id.list != nil && !id.list.AllowN(now, 1):
+		d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(id.list, now, 1)
 	}
-	e.learn(id, key, now, 0, OutcomeError, bo)
-	return wait
+	sh := id.sh
+	if d.Reason != ReasonNone && cfg.Enforcement == DryRun {
+		d.DryRun = true
+	} else if d.Reason != ReasonNone {
+		d.Allowed = false
+	}
+	if d.Allowed && watch {
+		s := slots.Get().(*slot)
+		d.Watch = Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)}
+		id.open++
+		sh.open++
+	}
+	sh.decisions[reasonIndex(d.Reason)]++
+	if d.Reason == ReasonNone {
+		return false
+	}
+	id.rejections++
+	ns := now.UnixNano()
+	if e.opts.OnThrottled != nil && (id.notified == 0 || ns-id.notified >= int64(e.opts.ThrottleNotifyInterval)) {
+		id.notified = ns
+		return true
+	}
+	return false
 }
 
 // checkWatch runs the checks after the stale version on a watch, in order,
 // and takes its tokens when they all pass. id.sh.mu is held.
-func (id *identity) checkWatch(now time.Time, r *Request, cfg *Budget) (Reason, time.Duration) {
-	if id.backoff != nil {
-		if st, ok := id.backoff[keyOf(r)]; ok {
+func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget) (Reason, time.Duration) {
+	if len(id.backoff) > 0 {
+		req := requestKeyOf(r)
+		if _, st, ok := id.lookup(e.seeds.watchKeyOf(&req)); ok {
 			if wait := st.until - now.UnixNano(); wait > 0 {
 				return ReasonBackingOff, time.Duration(wait)
 			}
@@ -341,7 +380,11 @@ func (id *identity) checkWatch(now time.Time, r *Request, cfg *Budget) (Reason, 
 //     in [0, 1) — always within [Initial, Max]. With Initial 1s, Max 5m,
 //     a client whose watches die within a second waits about 1s, 2s, 4s,
 //     … then 5m;
-//   - otherwise nothing changes.
+//   - otherwise, and always after OutcomeDenied, nothing changes.
+//
+// Beyond Options.MaxBackoffKeysPerIdentity (or MaxBackoffKeys) a failing
+// key's backoff is kept in the identity's overflow key, shared by all its
+// untracked keys. Watches of the overflow identity learn nothing.
 func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outcome Outcome) {
 	if w.slot == nil || !w.slot.gen.CompareAndSwap(w.gen, w.gen+1) {
 		return
@@ -352,9 +395,9 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 	sh.mu.Lock()
 	id.open--
 	sh.open--
-	id.see(now)
+	id.touch(now)
 	if id != sh.spill && !sh.bs.removed.Load() {
-		e.learn(id, w.key, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
+		e.learn(id, &w.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}
 	sh.mu.Unlock()
 }
@@ -369,7 +412,7 @@ const (
 	numReasons
 )
 
-var reasonsByIndex = [numReasons]Reason{reasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion}
+var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion}
 
 func reasonIndex(r Reason) int {
 	switch r {

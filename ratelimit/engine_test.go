@@ -50,11 +50,11 @@ func TestSetPolicyKeepsState(t *testing.T) {
 
 	// Removing the budget frees its state; its watches may still end.
 	e.SetPolicy(t0.Add(3*s), mustPolicy(t, Budget{Name: "other"}))
-	if got := e.keys.Load(); got != 0 {
+	if got := tracked(e); got != 0 {
 		t.Errorf("tracked keys after removal = %d, want 0", got)
 	}
 	e.WatchEnded(t0.Add(3*s), w1.Watch, 3*s, OutcomeError)
-	if got := e.keys.Load(); got != 0 {
+	if got := tracked(e); got != 0 {
 		t.Errorf("a removed budget's watch learned backoff: %d keys", got)
 	}
 
@@ -92,7 +92,7 @@ func TestSweepEvictsOnlyWhatChangesNoDecision(t *testing.T) {
 	if got := e.Stats()["b"].TrackedIdentities; got != 2 {
 		t.Errorf("TrackedIdentities = %d, want 2", got)
 	}
-	if got := e.keys.Load(); got != 2 {
+	if got := tracked(e); got != 2 {
 		t.Errorf("keys = %d, want 2", got)
 	}
 	// An evicted identity decides like a new one: a full bucket.
@@ -102,7 +102,7 @@ func TestSweepEvictsOnlyWhatChangesNoDecision(t *testing.T) {
 	if got := e.Sweep(t0.Add(5 * time.Minute)); got < 1 {
 		t.Errorf("Sweep after memory evicted %d, want the stale version at least", got)
 	}
-	if got := e.stale.count.Load(); got != 0 {
+	if got := e.stale.versions.count(); got != 0 {
 		t.Errorf("stale versions left: %d", got)
 	}
 }
@@ -128,7 +128,7 @@ func TestMaxTrackedKeys(t *testing.T) {
 	// No backoff is learned for overflowing identities.
 	e.WatchEnded(t0, d.Watch, 0, OutcomeError)
 	expect(t, "d after failing", e.Decide(t0.Add(s), req("d")), true, "", 0)
-	if got := e.keys.Load(); got != 2 {
+	if got := tracked(e); got != 2 {
 		t.Errorf("keys = %d, want the cap, 2", got)
 	}
 	st := e.Stats()["b"]
@@ -180,10 +180,10 @@ func TestOnThrottledAndStats(t *testing.T) {
 	}
 
 	st := e.Stats()
-	if got := st["b"].Decisions; got[reasonAllowed] != 3 || got[ReasonRateLimited] != 5 || got[ReasonBackingOff] != 0 {
+	if got := st["b"].Decisions; got[ReasonAllowed] != 3 || got[ReasonRateLimited] != 5 || got[ReasonBackingOff] != 0 {
 		t.Errorf("b decisions = %v", got)
 	}
-	if got := st["dry"].Decisions; got[reasonAllowed] != 1 || got[ReasonTooManyWatches] != 1 {
+	if got := st["dry"].Decisions; got[ReasonAllowed] != 1 || got[ReasonTooManyWatches] != 1 {
 		t.Errorf("dry decisions = %v", got)
 	}
 	if got := fmt.Sprint(st["b"].TopOffenders); got != "[{greedy 5}]" {
@@ -212,7 +212,7 @@ func TestConcurrentUse(t *testing.T) {
 		Limits:  Limits{WatchOpensPerMinute: 600, WatchBurst: 10, MaxConcurrentWatches: 5, ListsPerMinute: 600, ListBurst: 5},
 		Backoff: Backoff{Initial: ms, Max: 10 * ms, ShortWatch: ms},
 	}
-	e := newTestEngine(t, Options{MaxTrackedKeys: 50, IdleAfter: ms, Seed: 1}, b)
+	e := newTestEngine(t, Options{MaxTrackedKeys: 50, MaxBackoffKeys: 50, MaxBackoffKeysPerIdentity: 2, IdleAfter: ms, Seed: 1}, b)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
@@ -244,11 +244,14 @@ func TestConcurrentUse(t *testing.T) {
 	if got := e.Stats()["b"].ActiveWatches; got != 0 {
 		t.Errorf("ActiveWatches = %d after every watch ended", got)
 	}
-	if got := e.keys.Load(); got < 0 || got > 50 {
-		t.Errorf("keys = %d, outside [0, 50]", got)
+	if got := e.identities.count(); got < 0 || got > 50 {
+		t.Errorf("identities = %d, outside [0, 50]", got)
+	}
+	if got := e.backoffKeys.count(); got < 0 || got > 50 {
+		t.Errorf("backoff keys = %d, outside [0, 50]", got)
 	}
 	e.SetPolicy(t0.Add(time.Hour), nil)
-	if got := e.keys.Load(); got != 0 {
+	if got := tracked(e); got != 0 {
 		t.Errorf("keys = %d after removing every budget", got)
 	}
 }
@@ -277,20 +280,73 @@ func TestMemoryStaysBoundedUnderAFlood(t *testing.T) {
 		r.LabelSelector = fmt.Sprint("run=", i)
 		e.WatchEnded(t0, e.Decide(t0, r).Watch, 0, OutcomeError)
 	}
-	if got := e.keys.Load(); got > 100 {
-		t.Errorf("tracking %d keys, cap 100", got)
+	if got := e.identities.count(); got > 100 {
+		t.Errorf("tracking %d identities, cap 100", got)
 	}
-	if got := e.Stats()["b"].TrackedIdentities; got > 100 || got < 50 {
-		t.Errorf("tracking %d identities, want (50, 100]: identities and backoff keys share the cap", got)
+	if got := e.backoffKeys.count(); got > 100 {
+		t.Errorf("tracking %d backoff keys, want at most one per tracked identity", got)
+	}
+	if got := e.Stats()["b"].TrackedIdentities; got != 100 {
+		t.Errorf("tracking %d identities, want the cap, 100: backoff keys have a cap of their own", got)
 	}
 	for i := range maxStaleVersions + 1000 {
 		e.StaleVersionSeen(t0, "", "pods", fmt.Sprint(i+1))
 	}
-	if got := e.stale.count.Load(); got != maxStaleVersions {
+	if got := e.stale.versions.count(); got != maxStaleVersions {
 		t.Errorf("remembering %d stale versions, cap %d", got, maxStaleVersions)
 	}
 	// The overflow identity limited the flood: 5 tokens, then one a second.
 	r := watch()
 	r.User = "flood-late"
 	expect(t, "a late flooder", e.Decide(t0, r), false, ReasonRateLimited, s)
+}
+
+// tracked is the number of identities and backoff keys e tracks.
+func tracked(e *Engine) int64 { return e.identities.count() + e.backoffKeys.count() }
+
+// Identities whose names hash alike share a chain: each is found by its own
+// name, and eviction keeps the others.
+func TestIdentitiesWithTheSameHash(t *testing.T) {
+	e := NewEngine(Options{})
+	bs := newBudgetState(&Budget{Name: "b"})
+	sh := &bs.shards[0]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, u := range []string{"a", "b", "c"} {
+		if e.track(sh, 42, u) == nil {
+			t.Fatalf("%s not tracked", u)
+		}
+	}
+	for _, u := range []string{"a", "b", "c"} {
+		if id := sh.find(42, u); id == nil || id.user != u {
+			t.Fatalf("find(%s) = %v", u, id)
+		}
+	}
+	if id := sh.find(42, "d"); id != nil {
+		t.Fatalf("find(d) = %v", id)
+	}
+	if n := sh.evict(func(id *identity) bool { return id.user == "b" }); n != 1 || sh.tracked != 2 {
+		t.Fatalf("evicted %d, %d left", n, sh.tracked)
+	}
+	if sh.find(42, "b") != nil || sh.find(42, "a") == nil || sh.find(42, "c") == nil {
+		t.Fatal("eviction lost the wrong identity")
+	}
+	sh.evict(func(*identity) bool { return true })
+	if len(sh.ids) != 0 || sh.tracked != 0 {
+		t.Fatalf("%d chains, %d tracked after evicting all", len(sh.ids), sh.tracked)
+	}
+}
+
+// A budget edit that turns backoff off clears the delays but not the
+// record of stale answers: a looping client is still held back.
+func TestTurningBackoffOffKeepsStaleRepeatsHeld(t *testing.T) {
+	b := Budget{Name: "b", Backoff: Backoff{Initial: 10 * s, Max: time.Minute, ShortWatch: s}, StaleVersions: StaleVersions{Memory: time.Hour}}
+	e := newTestEngine(t, Options{}, b)
+	e.StaleVersionSeen(t0, "", "pods", "7")
+	expect(t, "first stale answer", e.Decide(t0, watchFrom("7")), false, ReasonStaleResourceVersion, 0)
+	expect(t, "backing off", e.Decide(t0, watchFrom("8")), false, ReasonBackingOff, 10*s)
+	b.Backoff = Backoff{}
+	e.SetPolicy(t0.Add(s), mustPolicy(t, b))
+	expect(t, "no backoff now", e.Decide(t0.Add(s), watchFrom("8")), true, "", 0)
+	expect(t, "a repeat is still held", e.Decide(t0.Add(2*s), watchFrom("7")), false, ReasonStaleResourceVersion, StaleRepeatHold)
 }

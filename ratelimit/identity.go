@@ -1,7 +1,7 @@
 package ratelimit
 
 import (
-	"hash/maphash"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,8 +18,6 @@ const numShards = 64
 // outlives Policy swaps that keep the name.
 type budgetState struct {
 	name string
-	// keys is the engine's count of tracked keys.
-	keys *atomic.Int64
 	// cfg is the budget as compiled in the current policy.
 	cfg atomic.Pointer[Budget]
 	// removed is set when a policy swap drops the budget; its shards are
@@ -28,19 +26,22 @@ type budgetState struct {
 
 	shards [numShards]shard
 	// overflow governs identities that arrive while the engine tracks
-	// Options.MaxTrackedKeys keys: they share its single identity.
+	// Options.MaxTrackedKeys identities: they share its single identity.
 	overflow shard
 }
 
 // shard is a lock and the identities it guards.
 type shard struct {
-	mu  sync.Mutex
-	bs  *budgetState
-	ids map[string]*identity // guarded by mu
+	mu sync.Mutex
+	bs *budgetState
+	// ids holds the identities by the hash of their user name (the hash
+	// that chose the shard, so a decision hashes the name once), each
+	// chained through identity.next with the rare others of the same hash.
+	ids map[uint64]*identity // guarded by mu
+	// tracked is the number of identities in ids.
+	tracked int // guarded by mu
 	// spill is the overflow shard's single, shared identity.
 	spill *identity // guarded by mu
-	// keys counts identities and backoff keys, for the engine-wide cap.
-	keys int64 // guarded by mu
 	// open counts admitted, unreleased watches.
 	open int64 // guarded by mu
 	// decisions counts by reasonIndex.
@@ -55,90 +56,131 @@ type shard struct {
 type identity struct {
 	user string
 	sh   *shard
+	// hash is user's hash under Engine.userSeed; next is the next identity
+	// of the shard with the same hash.
+	hash uint64
+	next *identity
 	// cfg is the budget the buckets were last configured from.
 	cfg *Budget
 	// watch and list are nil when opens / lists are not limited.
 	watch, list *rate.Limiter
-	// backoff is per watch key; nil until a watch fails.
+	// backoff is per watch key, with at most
+	// Options.MaxBackoffKeysPerIdentity keys plus overflowKey; nil until a
+	// watch fails or is answered stale.
 	backoff map[watchKey]backoffState
-	// seen is the latest instant (UnixNano) the identity was decided on or
-	// released a watch, for eviction.
-	seen int64
-	// tick is the latest instant (UnixNano) its buckets were used or
+	// lastActive is the latest instant (UnixNano) the identity was decided
+	// on or released a watch, for eviction.
+	lastActive int64
+	// bucketsAt is the latest instant (UnixNano) its buckets were used or
 	// reconfigured at: they never run backwards from it.
-	tick       int64
+	bucketsAt  int64
 	notified   int64 // last OnThrottled call, UnixNano
 	rejections int64
 	open       int32
 }
 
-// watchKey is what backoff is kept per, besides the identity.
-type watchKey struct {
-	group, resource, namespace, labelSelector, fieldSelector string
-}
-
-func keyOf(r *Request) watchKey {
-	return watchKey{r.Group, r.Resource, r.Namespace, r.LabelSelector, r.FieldSelector}
-}
-
-func (k watchKey) clone() watchKey {
-	return watchKey{strings.Clone(k.group), strings.Clone(k.resource), strings.Clone(k.namespace),
-		strings.Clone(k.labelSelector), strings.Clone(k.fieldSelector)}
-}
-
-func newBudgetState(b *Budget, keys *atomic.Int64) *budgetState {
-	bs := &budgetState{name: b.Name, keys: keys}
+func newBudgetState(b *Budget) *budgetState {
+	bs := &budgetState{name: b.Name}
 	bs.cfg.Store(b)
 	for i := range bs.shards {
 		bs.shards[i].bs = bs
-		bs.shards[i].ids = make(map[string]*identity)
+		bs.shards[i].ids = make(map[uint64]*identity)
 	}
 	bs.overflow.bs = bs
 	bs.overflow.spill = &identity{user: "", sh: &bs.overflow}
 	return bs
 }
 
-func (bs *budgetState) shardFor(seed maphash.Seed, user string) *shard {
-	return &bs.shards[maphash.String(seed, user)%numShards]
+// maxUserBytes bounds the user name an identity keeps. Names are the
+// API server's (a token's user, or an impersonated one the caller may
+// impersonate), and rarely longer than a few dozen bytes; a longer one is
+// kept as its first bytes and a 128-bit hash under the engine's secret
+// seeds (see userKey), so an identity's size does not depend on it.
+const maxUserBytes = 512
+
+// userKey is the name an identity of user is kept and found under: user
+// itself, or, beyond maxUserBytes, its first bytes, "…" and 32 hex digits
+// of its hash (507 bytes). A short name cannot pose as a long one's key
+// without knowing the seeds.
+func (e *Engine) userKey(user string) string {
+	if len(user) <= maxUserBytes {
+		return user
+	}
+	h := e.seeds.watchKeyOf(&requestKey{group: user})
+	return fmt.Sprintf("%s…%016x%016x", user[:maxUserBytes-40], h.hi, h.lo)
 }
 
-// acquire returns user's identity in sh, creating it if needed, with its
-// shard locked; the caller unlocks id.sh.mu. When the engine already tracks
-// its maximum of keys, or the budget was removed, the identity is the
-// budget's shared overflow identity. The returned identity's buckets follow
-// cfg and its clock is at least now; acquire returns the instant to decide
-// at.
-func (e *Engine) acquire(sh *shard, user string, cfg *Budget, now time.Time) (*identity, time.Time) {
-	sh.mu.Lock()
-	id := sh.ids[user]
-	if id == nil {
-		if !sh.bs.removed.Load() && e.keys.Add(1) <= int64(e.opts.MaxTrackedKeys) {
-			id = &identity{user: strings.Clone(user), sh: sh}
-			sh.ids[id.user] = id
-			sh.keys++
-		} else {
-			if !sh.bs.removed.Load() {
-				e.keys.Add(-1)
-			}
-			sh.mu.Unlock()
-			sh = &sh.bs.overflow
-			sh.mu.Lock()
-			id = sh.spill
+// shardFor returns the shard of the user whose name hashes to h.
+func (bs *budgetState) shardFor(h uint64) *shard { return &bs.shards[h%numShards] }
+
+// find returns the identity of user, whose name hashes to h, or nil.
+// sh.mu is held.
+func (sh *shard) find(h uint64, user string) *identity {
+	for id := sh.ids[h]; id != nil; id = id.next {
+		if id.user == user {
+			return id
 		}
 	}
-	return id, id.advance(now, cfg)
+	return nil
+}
+
+// each calls f for every identity of the shard. sh.mu is held.
+func (sh *shard) each(f func(*identity)) {
+	for _, id := range sh.ids {
+		for ; id != nil; id = id.next {
+			f(id)
+		}
+	}
+}
+
+// evict drops the identities for which drop is true, and returns how
+// many. sh.mu is held.
+func (sh *shard) evict(drop func(*identity) bool) (n int) {
+	for h, head := range sh.ids {
+		var kept *identity
+		for id := head; id != nil; {
+			next := id.next
+			if drop(id) {
+				n++
+			} else {
+				id.next, kept = kept, id
+			}
+			id = next
+		}
+		if kept == nil {
+			delete(sh.ids, h)
+		} else {
+			sh.ids[h] = kept
+		}
+	}
+	sh.tracked -= n
+	return n
+}
+
+// track starts tracking user (a userKey), whose name hashes to h, in sh, or returns
+// nil when the engine already tracks its maximum of identities or the
+// budget was removed (the caller then uses the overflow identity). sh.mu
+// is held.
+func (e *Engine) track(sh *shard, h uint64, user string) *identity {
+	if sh.bs.removed.Load() || !e.identities.take() {
+		return nil
+	}
+	id := &identity{user: strings.Clone(user), sh: sh, hash: h, next: sh.ids[h]}
+	sh.ids[h] = id
+	sh.tracked++
+	return id
 }
 
 // advance moves the identity's clock to now (or keeps it, when now is
 // earlier: concurrent callers' instants may arrive out of order, and a
 // bucket whose clock ran backwards would hand out tokens twice), and
 // reconfigures its buckets when the budget changed. It returns the instant
-// to decide at.
-func (id *identity) advance(now time.Time, cfg *Budget) time.Time {
+// to decide at. id.sh.mu is held.
+func (e *Engine) advance(id *identity, now time.Time, cfg *Budget) time.Time {
 	now = id.clock(now)
-	id.see(now)
+	id.touch(now)
 	if id.cfg != cfg {
-		id.configure(now, cfg)
+		e.configure(id, now, cfg)
 	}
 	return now
 }
@@ -147,29 +189,35 @@ func (id *identity) advance(now time.Time, cfg *Budget) time.Time {
 // and makes it the buckets' latest instant.
 func (id *identity) clock(now time.Time) time.Time {
 	ns := now.UnixNano()
-	if ns < id.tick {
-		return time.Unix(0, id.tick)
+	if ns < id.bucketsAt {
+		return time.Unix(0, id.bucketsAt)
 	}
-	id.tick = ns
+	id.bucketsAt = ns
 	return now
 }
 
-// see records activity at now, for eviction.
-func (id *identity) see(now time.Time) {
-	id.seen = max(id.seen, now.UnixNano())
+// touch records activity at now, for eviction.
+func (id *identity) touch(now time.Time) {
+	id.lastActive = max(id.lastActive, now.UnixNano())
 }
 
 // configure makes the buckets follow cfg at now, keeping the tokens they
 // hold (rate.Limiter's SetLimitAt and SetBurstAt advance first). A bucket
-// that appears starts full, like a new identity's.
-func (id *identity) configure(now time.Time, cfg *Budget) {
+// that appears starts full, like a new identity's. A budget without backoff
+// clears the identity's backoff delays (keeping its stale-answer records,
+// which hold repeats back whatever the backoff). id.sh.mu is held.
+func (e *Engine) configure(id *identity, now time.Time, cfg *Budget) {
 	id.cfg = cfg
 	id.watch = rebucket(id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
 	id.list = rebucket(id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
-	if cfg.Backoff.Initial == 0 && id.backoff != nil {
-		id.sh.keys -= int64(len(id.backoff))
-		id.sh.bs.keys.Add(-int64(len(id.backoff)))
-		id.backoff = nil
+	if cfg.Backoff.Initial == 0 {
+		for k, st := range id.backoff {
+			if st.staleAt == 0 {
+				e.forget(id, k)
+			} else {
+				id.backoff[k] = backoffState{staleAt: st.staleAt}
+			}
+		}
 	}
 }
 
@@ -191,11 +239,11 @@ func rebucket(lim *rate.Limiter, now time.Time, perMinute, burst int32) *rate.Li
 }
 
 // idle reports whether dropping the identity would change no decision: it
-// holds no watch, no backoff, full buckets, and was last seen at least
+// holds no watch, no backoff, full buckets, and was last active at least
 // idleAfter before now.
 func (id *identity) idle(now time.Time, idleAfter time.Duration) bool {
 	return id.open == 0 && len(id.backoff) == 0 &&
-		now.UnixNano()-id.seen >= int64(idleAfter) &&
+		now.UnixNano()-id.lastActive >= int64(idleAfter) &&
 		full(id.watch, now) && full(id.list, now)
 }
 

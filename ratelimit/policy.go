@@ -2,6 +2,19 @@ package ratelimit
 
 import "time"
 
+// Policy is an immutable, compiled set of budgets: what an Engine enforces.
+// Build one with NewPolicy and hand it to Engine.SetPolicy; a Policy may be
+// shared by several engines and read by any number of goroutines.
+type Policy struct {
+	// budgets are deep copies with defaults filled in, in match order:
+	// precedence ascending, then name.
+	budgets []Budget
+	// subjects[i] are budgets[i].Subjects, compiled for matching.
+	subjects [][]subjectMatcher
+	// longestStaleMemory bounds how long the engine keeps a stale version.
+	longestStaleMemory time.Duration
+}
+
 // Enforcement says what a budget does with its decisions.
 type Enforcement string
 
@@ -100,12 +113,43 @@ type Backoff struct {
 	ResetAfter time.Duration
 }
 
+// StaleMatch says which resourceVersions a report of "too old" makes
+// stale.
+//
+// Versions are compared as kube-apiserver parses them
+// (storage.APIObjectVersioner.ParseResourceVersion: strconv.ParseUint, base
+// 10, 64 bits), so "000100" is 100. A version that does not parse, "" and
+// "0" are never stale: the API server answers such watches itself.
+type StaleMatch string
+
+const (
+	// StaleMatchExact makes only the very version the API server called
+	// too old stale.
+	StaleMatchExact StaleMatch = "Exact"
+	// StaleMatchAtOrBelow makes every version at or below it stale too,
+	// for its (group, resource): a "too old" watermark. It rests on how
+	// kube-apiserver backs its versions: etcd revisions, integers that only
+	// grow, whose window of history (and the watch cache's) only moves
+	// forward, so a version below one the server already called too old is
+	// too old as well, and a storm of clients each holding its own stale
+	// version costs one upstream watch, not one per version. Where that
+	// does not hold — several API servers with different windows behind
+	// one address, an etcd restored from backup — a version one of them
+	// still holds may be refused: the client relists once, as it would
+	// after a real 410. The default.
+	StaleMatchAtOrBelow StaleMatch = "AtOrBelow"
+)
+
 // StaleVersions configures the stale-resourceVersion memory.
 type StaleVersions struct {
 	// Action is StaleReject when empty.
 	Action StaleAction
-	// Memory is how long a stale version is remembered; 0 disables the
-	// memory for this budget (every watch goes to the server).
+	// Match is StaleMatchAtOrBelow when empty.
+	Match StaleMatch
+	// Memory is how long a report of "too old" counts: a version is stale
+	// while a report that makes it so (see Match) is younger than Memory;
+	// 0 disables the memory for this budget (every watch goes to the
+	// server).
 	Memory time.Duration
 }
 

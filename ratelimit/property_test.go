@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -24,13 +25,15 @@ var (
 		Subjects:    []Subject{{Kind: User, Name: "dreamer"}},
 		Limits:      Limits{WatchOpensPerMinute: 6, WatchBurst: 1, MaxConcurrentWatches: 1},
 		Backoff:     Backoff{Initial: s, Max: 2 * s, ShortWatch: s},
+		// Exact, while propertyBudget has the default AtOrBelow.
+		StaleVersions: StaleVersions{Match: StaleMatchExact, Memory: 2 * s},
 	}
 )
 
 var (
 	users      = []string{"alice", "bob", "dreamer"}
 	namespaces = []string{"default", "kube-system"}
-	versions   = []string{"", "0", "100", "200"}
+	versions   = []string{"", "0", "100", "200", "000200", "150", "1e3", "00"}
 )
 
 // admission is one admitted watch, as the timeline saw it.
@@ -53,7 +56,9 @@ type admission struct {
 //
 // It returns the engine's decision counts.
 func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
-	e := NewEngine(Options{MaxTrackedKeys: 6, IdleAfter: 10 * s, Seed: 7})
+	// Small caps, so that timelines reach the overflow identity and the
+	// per-identity overflow backoff key.
+	e := NewEngine(Options{MaxTrackedKeys: 6, MaxBackoffKeys: 3, MaxBackoffKeysPerIdentity: 1, IdleAfter: 10 * s, Seed: 7})
 	p := mustPolicy(t, propertyBudget, dreamerBudget)
 	now := t0
 	e.SetPolicy(now, p)
@@ -62,7 +67,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 		admitted []admission
 		open     []admission // not yet ended
 		ended    []Watch
-		stale    = map[string]time.Time{}
+		stale    = map[uint64]time.Time{} // parsed version: last report
 		openBy   = map[string]int{}
 	)
 	perSecond := float64(propertyBudget.Limits.WatchOpensPerMinute) / 60
@@ -99,10 +104,11 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if d.Reason == ReasonBackingOff && d.RetryAfter > budget.Backoff.Max {
 				t.Fatalf("backing off %s, more than max %s", d.RetryAfter, budget.Backoff.Max)
 			}
-			seen, isStale := stale[r.ResourceVersion]
-			isStale = isStale && now.Sub(seen) < budget.StaleVersions.Memory && budget.StaleVersions.Action != StalePass
-			if isStale != (d.Reason == ReasonStaleResourceVersion) {
-				t.Fatalf("at %s rv %q seen stale at %s: reason %q", now.Sub(t0), r.ResourceVersion, seen.Sub(t0), d.Reason)
+			if isStale := staleIn(stale, r.ResourceVersion, now, budget.StaleVersions); isStale != (d.Reason == ReasonStaleResourceVersion) {
+				t.Fatalf("at %s rv %q, reports %v, %s: reason %q", now.Sub(t0), r.ResourceVersion, stale, budget.StaleVersions.Match, d.Reason)
+			}
+			if d.Reason == ReasonStaleResourceVersion && (d.DryRun && d.RetryAfter != 0 || d.RetryAfter > max(budget.Backoff.Max, StaleRepeatHold)) {
+				t.Fatalf("stale answer held %s (dry run %v): want 0 in DryRun, at most max(Backoff.Max, %s)", d.RetryAfter, d.DryRun, StaleRepeatHold)
 			}
 			if d.Allowed != d.Watch.Valid() {
 				t.Fatalf("allowed=%v but Watch.Valid()=%v", d.Allowed, d.Watch.Valid())
@@ -151,8 +157,8 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 		case 5: // the API server says a version is too old
 			rv := versions[a%len(versions)]
 			e.StaleVersionSeen(now, "", "pods", rv)
-			if rv != "" && rv != "0" {
-				stale[rv] = now
+			if v, err := strconv.ParseUint(rv, 10, 64); err == nil && v != 0 {
+				stale[v] = now
 			}
 		case 6: // a list
 			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: "pods"})
@@ -183,23 +189,41 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 	return counts
 }
 
+// staleIn is the model of the stale memory: rv, parsed as kube-apiserver
+// does, is stale when a report of it (Exact) or of a version at or above it
+// (AtOrBelow) is younger than sv.Memory, and sv rejects stale versions.
+func staleIn(reports map[uint64]time.Time, rv string, now time.Time, sv StaleVersions) bool {
+	v, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil || v == 0 || sv.Action == StalePass {
+		return false
+	}
+	for reported, at := range reports {
+		if (reported == v || reported > v && sv.Match != StaleMatchExact) && now.Sub(at) < sv.Memory {
+			return true
+		}
+	}
+	return false
+}
+
 // checkBackoff checks what the end of w, just reported, did to the
 // backoff of its key.
 func checkBackoff(t *testing.T, e *Engine, w Watch, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
 	t.Helper()
 	sh := w.id.sh
 	sh.mu.Lock()
-	st, ok := w.id.backoff[w.key]
+	k := e.seeds.watchKeyOf(&w.req)
+	own, tracked := w.id.backoff[k]
+	_, st, ok := w.id.lookup(k)
 	spill := w.id == sh.spill
 	sh.mu.Unlock()
 	switch {
 	case lifetime >= bo.ResetAfter:
-		if ok {
-			t.Fatalf("a watch that lived %s left backoff %+v", lifetime, st)
+		if tracked {
+			t.Fatalf("a watch that lived %s left backoff %+v", lifetime, own)
 		}
 	case outcome == OutcomeError || lifetime < bo.ShortWatch:
 		if !ok {
-			if !spill && e.keys.Load() < int64(e.opts.MaxTrackedKeys) {
+			if !spill {
 				t.Fatalf("a failure below the key cap was not recorded")
 			}
 			return
@@ -323,6 +347,14 @@ func FuzzEngine(f *testing.F) {
 	f.Add([]byte{5, 2, 0, 1, 0, 4, 0, 50, 50, 1, 0, 4}) // stale, then forgotten
 	f.Add([]byte{1, 2, 0, 1, 2, 0, 3, 0, 0, 4, 0, 0, 1, 2, 0})
 	f.Add([]byte{1, 0, 0, 7, 0, 0, 0, 255, 255, 7, 0, 0, 1, 1, 0, 7, 1, 0, 1, 0, 4})
+	// Stale reports of versions as kube-apiserver parses them ("000200",
+	// "1e3" unparsable, "00"), then watches at and below them, by alice
+	// (AtOrBelow) and dreamer (Exact).
+	f.Add([]byte{5, 4, 0, 1, 0, 2, 1, 0, 8, 1, 0, 12, 1, 2, 8, 1, 2, 2, 5, 6, 0, 1, 0, 12})
+	// A stale loop: the same stale version again and again, held back.
+	f.Add([]byte{5, 3, 0, 1, 0, 6, 1, 0, 6, 0, 10, 10, 1, 0, 6, 1, 0, 6, 0, 30, 30, 1, 0, 6})
+	// Failures on more keys than the caps: the overflow backoff key.
+	f.Add([]byte{1, 0, 0, 3, 0, 5, 1, 0, 1, 3, 0, 5, 1, 1, 0, 3, 0, 5, 1, 1, 1, 3, 0, 5, 1, 0, 1, 7, 0, 0, 1, 0, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		if len(ops) > 3*2000 {
 			ops = ops[:3*2000]

@@ -17,7 +17,10 @@ const (
 )
 
 // Request is what the engine needs to know about one request. The engine
-// does not keep references to a Request (it copies the strings it keeps).
+// keeps no reference to a Request: it copies the user name of an identity
+// it tracks and stores everything else as hashes or numbers. (The Watch of
+// an admitted watch refers to its group, resource, namespace and
+// selectors until the caller drops it.)
 type Request struct {
 	// User and Groups are the authenticated (or impersonated) identity.
 	User   string
@@ -53,12 +56,30 @@ const (
 	// is the time until the backoff delay expires.
 	ReasonBackingOff Reason = "BackingOff"
 	// ReasonStaleResourceVersion: the API server recently declared the
-	// requested resourceVersion too old; answer 410 Expired locally.
+	// requested resourceVersion too old; answer 410 Expired locally, after
+	// holding the answer back for RetryAfter.
 	ReasonStaleResourceVersion Reason = "StaleResourceVersion"
 
-	// reasonAllowed is the Stats key for decisions with no Reason.
-	reasonAllowed Reason = "Allowed"
+	// ReasonAllowed is not a Decision's Reason: it is the key under which
+	// BudgetStats.Decisions counts decisions with no Reason.
+	ReasonAllowed Reason = "Allowed"
 )
+
+// StaleRepeatHold is the least RetryAfter of a stale answer that repeats
+// one: an Enforce budget answers a watch ReasonStaleResourceVersion with
+// RetryAfter 0 the first time, and at least StaleRepeatHold when the same
+// identity was answered stale for the same watch key within
+// staleRepeatWindow before (with Backoff enabled, the hold also grows with
+// the key's backoff). The answer is the API server's own, so holding it back
+// is the only way to keep a client that loops on a stale version from
+// looping faster through watchgate than directly.
+const StaleRepeatHold = time.Second
+
+// staleRepeatWindow is how long after a stale answer another one for the
+// same identity and watch key counts as a repeat. A client that resyncs
+// after "too old" does not come back with a stale version; one that does
+// within a minute is looping.
+const staleRepeatWindow = time.Minute
 
 // TooManyWatchesRetryAfter is the RetryAfter of a TooManyWatches decision.
 // Nothing tells the engine when one of the identity's watches will end (a
@@ -74,9 +95,12 @@ type Decision struct {
 	// Reason is why it was (or, in DryRun, would have been) rejected; ""
 	// when fine.
 	Reason Reason
-	// RetryAfter is > 0 when Reason is set, except for
-	// StaleResourceVersion, where it is 0 (the client must relist, not
-	// wait).
+	// RetryAfter is how long the client should wait: > 0 when Reason is
+	// set, except for StaleResourceVersion. For StaleResourceVersion it is
+	// how long to hold the local 410 answer back before sending it (the
+	// client must relist, not retry the same version): 0 for the first
+	// stale answer, at least StaleRepeatHold for a repeat, and in DryRun
+	// always 0. Callers cap it (the proxy at its MaxRejectDelay).
 	RetryAfter time.Duration
 	// Budget names the governing budget; "" when none matched, and then the
 	// request has no limits.
@@ -100,7 +124,10 @@ type Watch struct {
 	slot *slot
 	gen  uint64
 	id   *identity
-	key  watchKey
+	// req is the request's watch key as sent, kept only while the caller
+	// holds the Watch: the engine stores its hash (watchKey), and computes
+	// it only when the watch's end changes backoff.
+	req requestKey
 }
 
 // Valid reports whether w holds a slot (the zero Watch holds none).

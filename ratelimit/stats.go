@@ -13,7 +13,7 @@ type BudgetStats struct {
 	// overflow identity not included).
 	TrackedIdentities int64
 	// Decisions counts decisions by Reason since the budget appeared; those
-	// with no Reason are counted under "Allowed". DryRun decisions count
+	// with no Reason are counted under ReasonAllowed. DryRun decisions count
 	// under the Reason they would have had.
 	Decisions map[Reason]int64
 	// TopOffenders are up to 5 tracked identities with the most rejections
@@ -22,7 +22,9 @@ type BudgetStats struct {
 	TopOffenders []Offender
 }
 
-// Offender is an identity and its rejections.
+// Offender is an identity and its rejections. User is the name as the
+// engine keeps it: a name longer than 512 bytes is cut, with a hash
+// appended.
 type Offender struct {
 	User       string
 	Rejections int64
@@ -34,7 +36,7 @@ const topOffenders = 5
 // name. It takes each shard's lock in turn; call it every few seconds, not
 // per request.
 func (e *Engine) Stats() map[string]BudgetStats {
-	a := e.active.Load()
+	a := e.current.Load()
 	out := make(map[string]BudgetStats, len(a.states))
 	for _, bs := range a.states {
 		st := BudgetStats{Decisions: make(map[Reason]int64, numReasons)}
@@ -43,16 +45,16 @@ func (e *Engine) Stats() map[string]BudgetStats {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
 			st.ActiveWatches += sh.open
-			st.TrackedIdentities += int64(len(sh.ids))
+			st.TrackedIdentities += int64(sh.tracked)
 			for j := range counts {
 				counts[j] += sh.decisions[j]
 			}
 			counts[idxAllowed] += sh.exempt.Load()
-			for _, id := range sh.ids {
+			sh.each(func(id *identity) {
 				if id.rejections > 0 {
 					st.TopOffenders = addOffender(st.TopOffenders, Offender{id.user, id.rejections})
 				}
-			}
+			})
 			sh.mu.Unlock()
 		}
 		sh := &bs.overflow

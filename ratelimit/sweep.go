@@ -7,44 +7,48 @@ import "time"
 // memory stays bounded by Options.MaxTrackedKeys regardless.
 //
 // An identity is evicted when it holds no open watch and no backoff, its
-// buckets are full and it was last seen at least Options.IdleAfter ago: it
+// buckets are full and it was last active at least Options.IdleAfter ago: it
 // is then indistinguishable from a new identity, so dropping it changes no
 // decision (only its rejection count, see Stats, is lost). A backoff key
-// is evicted IdleAfter after its delay expired: a key that has not failed
-// for that long starts again from Backoff.Initial, as if a watch had lived
-// past ResetAfter. Stale versions are forgotten after the longest
+// is evicted IdleAfter after its delay expired (and not within a minute of
+// its last stale answer): a key that has not failed for that long starts
+// again from Backoff.Initial, as if a watch had lived past ResetAfter. Stale versions are forgotten after the longest
 // StaleVersions.Memory in the policy.
 //
 // Sweep takes each shard's lock in turn, never all at once.
 func (e *Engine) Sweep(now time.Time) (evicted int) {
-	a := e.active.Load()
+	a := e.current.Load()
 	ns := now.UnixNano()
 	idleAfter := e.opts.IdleAfter
 	for _, bs := range a.states {
 		for i := range bs.shards {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
-			for user, id := range sh.ids {
-				for k, st := range id.backoff {
-					if ns-st.until >= int64(idleAfter) {
-						delete(id.backoff, k)
-						sh.keys--
-						e.keys.Add(-1)
-						evicted++
-					}
-				}
-				if len(id.backoff) == 0 {
-					id.backoff = nil
-				}
-				if id.idle(now, idleAfter) {
-					delete(sh.ids, user)
-					sh.keys--
-					e.keys.Add(-1)
-					evicted++
-				}
-			}
+			n := sh.evict(func(id *identity) bool {
+				evicted += e.sweepBackoff(id, ns)
+				return id.idle(now, idleAfter)
+			})
+			e.identities.give(n)
+			evicted += n
 			sh.mu.Unlock()
 		}
+		sh := &bs.overflow
+		sh.mu.Lock()
+		evicted += e.sweepBackoff(sh.spill, ns)
+		sh.mu.Unlock()
 	}
 	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory)
+}
+
+// sweepBackoff evicts the identity's backoff keys whose delay expired at
+// least IdleAfter ago and whose last stale answer is older than
+// staleRepeatWindow, and returns how many. id.sh.mu is held.
+func (e *Engine) sweepBackoff(id *identity, ns int64) (evicted int) {
+	for k, st := range id.backoff {
+		if ns-st.until >= int64(e.opts.IdleAfter) && ns-st.staleAt >= int64(staleRepeatWindow) {
+			e.forget(id, k)
+			evicted++
+		}
+	}
+	return evicted
 }

@@ -41,6 +41,8 @@ func watchIn(ns string) *Request { r := watch(); r.Namespace = ns; return r }
 
 func watchFrom(rv string) *Request { r := watch(); r.ResourceVersion = rv; return r }
 
+func watchAt(ns, rv string) *Request { r := watchIn(ns); r.ResourceVersion = rv; return r }
+
 func watchSelecting(sel string) *Request { r := watch(); r.LabelSelector = sel; return r }
 
 func watchInitialEvents() *Request { r := watch(); r.SendInitialEvents = true; return r }
@@ -239,11 +241,76 @@ func TestTimelines(t *testing.T) {
 			steps: []step{
 				staleSeen(0, "7"),
 				no(0, watchFrom("7"), ReasonStaleResourceVersion, 0),
-				no(100*ms, watchFrom("7"), ReasonStaleResourceVersion, 900*ms),
-				ok(100*ms, watchIn("elsewhere")), // another key of the same identity
+				no(100*ms, watchFrom("7"), ReasonStaleResourceVersion, s), // a repeat: at least StaleRepeatHold
+				ok(100*ms, watchIn("elsewhere")),                          // another key of the same identity
 				// The relist's fresh watch on the looping key waits out
 				// the backoff like any watch that keeps dying.
 				no(100*ms, watchFrom("8"), ReasonBackingOff, 2*s), // second failure, no jitter here
+			},
+		},
+		"with backoff disabled a client looping on a stale version is answered about once a second": {
+			budgets: []Budget{{Name: "stale-only", StaleVersions: StaleVersions{Memory: 5 * time.Minute}}},
+			steps: []step{
+				staleSeen(0, "7"),
+				no(0, watchFrom("7"), ReasonStaleResourceVersion, 0), // the first "too old": at once
+				no(10*ms, watchFrom("7"), ReasonStaleResourceVersion, StaleRepeatHold),
+				no(1010*ms, watchFrom("7"), ReasonStaleResourceVersion, StaleRepeatHold),
+				no(1010*ms, watchAt("elsewhere", "7"), ReasonStaleResourceVersion, 0), // another key: its first
+				ok(1010*ms, watchFrom("8")),                                           // no backoff to wait out
+				// A minute after its last stale answer the key starts
+				// afresh: a client that came back this late resynced.
+				no(62*s, watchFrom("7"), ReasonStaleResourceVersion, 0),
+				no(62*s, watchFrom("7"), ReasonStaleResourceVersion, StaleRepeatHold),
+			},
+		},
+		"a short backoff does not shorten a repeated stale answer's hold": {
+			budgets: []Budget{{
+				Name:          "short",
+				Backoff:       Backoff{Initial: 200 * ms, Max: 10 * s, ShortWatch: 100 * ms},
+				StaleVersions: StaleVersions{Memory: time.Minute},
+			}},
+			steps: []step{
+				staleSeen(0, "7"),
+				no(0, watchFrom("7"), ReasonStaleResourceVersion, 0),                     // 1st failure: until 200ms
+				no(100*ms, watchFrom("7"), ReasonStaleResourceVersion, StaleRepeatHold),  // 100ms left; 2nd: until 500ms
+				no(1100*ms, watchFrom("7"), ReasonStaleResourceVersion, StaleRepeatHold), // none left; 3rd: until 1.9s
+				no(1200*ms, watchFrom("7"), ReasonStaleResourceVersion, StaleRepeatHold), // 700ms left; 4th: until 2.8s
+				no(1300*ms, watchFrom("7"), ReasonStaleResourceVersion, 1500*ms),         // the backoff now holds longer
+			},
+		},
+		"AtOrBelow: a version at or below one reported too old is stale, as the server parses it": {
+			budgets: []Budget{{Name: "watermark", StaleVersions: StaleVersions{Match: StaleMatchAtOrBelow, Memory: time.Minute}}},
+			steps: []step{
+				staleSeen(0, "100"),
+				no(0, watchAt("a", "50"), ReasonStaleResourceVersion, 0), // below the watermark
+				no(0, watchAt("b", "100"), ReasonStaleResourceVersion, 0),
+				no(0, watchAt("c", "000100"), ReasonStaleResourceVersion, 0), // kube-apiserver reads 100
+				ok(0, watchAt("d", "101")),
+				ok(0, watchAt("e", "0")), ok(0, watchAt("f", "")), ok(0, watchAt("g", "00")), // never too old
+				ok(0, watchAt("h", "1e2")), ok(0, watchAt("i", "-5")), // unparsable: the server answers itself
+				staleSeen(30*s, "40"), // a lower report does not lower the watermark
+				no(59*s, watchAt("j", "99"), ReasonStaleResourceVersion, 0),
+				// The report of 100 is a minute old: only the report of 40,
+				// made at 30s, still counts.
+				ok(60*s, watchAt("k", "99")),
+				no(60*s, watchAt("l", "40"), ReasonStaleResourceVersion, 0),
+				no(60*s, watchAt("m", "1"), ReasonStaleResourceVersion, 0),
+				ok(90*s, watchAt("n", "40")),
+			},
+		},
+		"Exact: only the version reported too old is stale": {
+			budgets: []Budget{{Name: "exact", StaleVersions: StaleVersions{Match: StaleMatchExact, Memory: time.Minute}}},
+			steps: []step{
+				staleSeen(0, "100"),
+				no(0, watchAt("a", "100"), ReasonStaleResourceVersion, 0),
+				no(0, watchAt("b", "0000100"), ReasonStaleResourceVersion, 0), // kube-apiserver reads 100
+				ok(0, watchAt("c", "50")),
+				ok(0, watchAt("d", "99")),
+				ok(0, watchAt("e", "101")),
+				staleSeen(30*s, "40"),
+				no(59*s, watchAt("f", "40"), ReasonStaleResourceVersion, 0),
+				ok(59*s, watchAt("g", "39")),
+				ok(60*s, watchAt("h", "100")),
 			},
 		},
 		"a dry-run budget reports stale versions but never holds them back": {

@@ -113,6 +113,11 @@ func (b *Budget) Validate() error {
 	default:
 		bad("staleVersions.action", "must be one of Reject, Pass, got %q", b.StaleVersions.Action)
 	}
+	switch b.StaleVersions.Match {
+	case "", StaleMatchExact, StaleMatchAtOrBelow:
+	default:
+		bad("staleVersions.match", "must be one of Exact, AtOrBelow, got %q", b.StaleVersions.Match)
+	}
 	if b.StaleVersions.Memory < 0 {
 		bad("staleVersions.memory", "must be >= 0")
 	}

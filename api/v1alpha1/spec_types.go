@@ -280,6 +280,19 @@ const (
 	StaleActionPass StaleAction = "Pass"
 )
 
+// StaleMatch says which resourceVersions a "too old" answer makes stale:
+// Exact or AtOrBelow.
+type StaleMatch string
+
+const (
+	// StaleMatchExact makes only the version the API server called too old
+	// stale.
+	StaleMatchExact StaleMatch = "Exact"
+	// StaleMatchAtOrBelow makes every version at or below it stale too, for
+	// the same API group and resource.
+	StaleMatchAtOrBelow StaleMatch = "AtOrBelow"
+)
+
 // StaleVersions configures the memory of resourceVersions the API server
 // has declared too old.
 type StaleVersions struct {
@@ -292,8 +305,26 @@ type StaleVersions struct {
 	// +optional
 	Action StaleAction `json:"action,omitempty"`
 
-	// memorySeconds is how long, in seconds, a resourceVersion is remembered
-	// as stale after the API server last declared it too old. Between 1 and
+	// match is which versions a "too old" answer makes stale for its API
+	// group and resource: AtOrBelow (default) or Exact. Versions are
+	// compared as kube-apiserver parses them (base-10 unsigned 64-bit
+	// integers, so "000100" is 100); "", "0" and versions that do not parse
+	// are never stale. AtOrBelow rejects every version at or below the
+	// highest one reported too old: kube-apiserver's versions are etcd
+	// revisions, its window of history only moves forward, so such versions
+	// are too old as well, and a storm of clients each holding its own stale
+	// version costs one upstream watch instead of one per version. With
+	// several API servers with different windows behind one address, or an
+	// etcd restored from backup, AtOrBelow may refuse a version one of them
+	// still holds: the client then relists once, as after a real 410. Exact
+	// rejects only the very versions reported.
+	// +kubebuilder:validation:Enum=Exact;AtOrBelow
+	// +kubebuilder:default=AtOrBelow
+	// +optional
+	Match StaleMatch `json:"match,omitempty"`
+
+	// memorySeconds is how long, in seconds, a "too old" answer counts (see
+	// match) after the API server last gave it. Between 1 and
 	// 86400; default 900.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=86400
