@@ -84,15 +84,27 @@ func replicaEntry(pod string, generation int64, st ratelimit.BudgetStats, recent
 	return e
 }
 
-// sameFigures reports whether two entries differ only in lastUpdateTime, in
-// which case there is nothing worth writing.
-func sameFigures(a, b v1alpha1.ReplicaStatus) bool {
+// needsWrite reports whether next is worth writing over current: when any
+// figure but the cumulative decision counts differs, or when only the counts
+// differ and current is at least counterRefresh old (by next's
+// lastUpdateTime). Counts grow with every admitted request, so writing on
+// each change would rewrite every busy budget's entry every tick.
+func needsWrite(current, next v1alpha1.ReplicaStatus, counterRefresh time.Duration) bool {
+	if !sameGauges(current, next) {
+		return true
+	}
+	return !maps.Equal(current.Decisions, next.Decisions) &&
+		next.LastUpdateTime.Sub(current.LastUpdateTime.Time) >= counterRefresh
+}
+
+// sameGauges reports whether two entries agree on everything but the
+// cumulative decision counts and lastUpdateTime.
+func sameGauges(a, b v1alpha1.ReplicaStatus) bool {
 	return a.Pod == b.Pod &&
 		a.ObservedGeneration == b.ObservedGeneration &&
 		a.ActiveWatches == b.ActiveWatches &&
 		a.TrackedIdentities == b.TrackedIdentities &&
 		a.RecentRejections == b.RecentRejections &&
-		maps.Equal(a.Decisions, b.Decisions) &&
 		slices.Equal(a.TopOffenders, b.TopOffenders)
 }
 
