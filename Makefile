@@ -28,8 +28,8 @@ manifests: ## Render CRD and RBAC from the API types' markers into config/ and t
 	charts/watchgate/hack/sync-generated.sh
 
 .PHONY: generate
-generate: ## Generate deepcopy code for the API types.
-	$(CONTROLLER_GEN) object paths=./api/...
+generate: ## Generate deepcopy code and server-side apply configurations (api/v1alpha1/applyconfiguration) for the API types.
+	$(CONTROLLER_GEN) object applyconfiguration paths=./api/v1alpha1
 
 .PHONY: vet
 vet: ## go vet every package.

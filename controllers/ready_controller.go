@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
 )
 
 // maxConditionMessage is metav1.Condition's limit on Message.
@@ -66,15 +67,10 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if old != nil && sameCondition(*old, ready) && wb.Status.ActiveWatches == active && wb.Status.RecentRejections == recent {
 		return ctrl.Result{}, nil
 	}
-	cond, err := toUnstructured(ready)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	status := map[string]any{
-		"conditions":       []any{cond},
-		"activeWatches":    active,
-		"recentRejections": recent,
-	}
+	status := wbac.WatchBudgetStatus().
+		WithConditions(conditionApply(ready)).
+		WithActiveWatches(active).
+		WithRecentRejections(recent)
 	return ctrl.Result{}, client.IgnoreNotFound(applyStatus(ctx, r.Client, wb.Name, status, fieldOwnerController))
 }
 

@@ -11,6 +11,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
 )
 
 // DefaultStatusInterval is how often a replica considers writing its status
@@ -161,13 +162,9 @@ func (w *ReplicaStatusWriter) Remove(ctx context.Context) error {
 // apply writes entry as this replica's only entry of the budget; a nil
 // entry removes it. A budget deleted meanwhile is not an error.
 func (w *ReplicaStatusWriter) apply(ctx context.Context, name string, entry *v1alpha1.ReplicaStatus) error {
-	status := map[string]any{}
+	status := wbac.WatchBudgetStatus()
 	if entry != nil {
-		m, err := toUnstructured(entry)
-		if err != nil {
-			return err
-		}
-		status["replicas"] = []any{m}
+		status.WithReplicas(replicaApply(entry))
 	}
 	err := applyStatus(ctx, w.Client, name, status, replicaFieldOwner(w.Pod))
 	if apierrors.IsNotFound(err) {
