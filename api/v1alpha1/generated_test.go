@@ -54,7 +54,7 @@ func TestGeneratedFilesAreUpToDate(t *testing.T) {
 			w, inWant := want[name]
 			g, inGot := got[name]
 			if inWant != inGot || !bytes.Equal(w, g) {
-				t.Errorf("%s is stale (or missing, or not generated): run `make manifests generate`", filepath.Join(path, name))
+				t.Errorf("%s is stale (or missing, or not generated): run `make generate manifests`", filepath.Join(path, name))
 			}
 		}
 	}

@@ -24,7 +24,9 @@ type ReplicaStatusApplyConfiguration struct {
 	// decisions counts this replica's decisions since it started, by reason:
 	// Allowed, RateLimited, TooManyWatches, BackingOff,
 	// StaleResourceVersion. In DryRun the rejection reasons count requests
-	// that were admitted but would have been rejected. At most 16 keys.
+	// that were admitted but would have been rejected. Every admitted request
+	// adds to them, so a change of these counts alone is written at most
+	// every 5 minutes (the other figures at once). At most 16 keys.
 	Decisions map[string]int64 `json:"decisions,omitempty"`
 	// recentRejections is the number of requests this replica rejected (or
 	// would have, in DryRun) in the last 5 minutes.

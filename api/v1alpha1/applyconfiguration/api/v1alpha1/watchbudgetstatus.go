@@ -28,7 +28,8 @@ type WatchBudgetStatusApplyConfiguration struct {
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
-	// change. Entries of replicas whose pod is gone are pruned. At most 256.
+	// change; a change of decisions alone waits up to 5 minutes. Entries of
+	// replicas whose pod is gone are pruned. At most 256.
 	Replicas []ReplicaStatusApplyConfiguration `json:"replicas,omitempty"`
 }
 
