@@ -23,13 +23,13 @@ testbin: ## Build (once, cached by version) the test bed's kube-apiserver, etcd 
 
 .PHONY: manifests
 manifests: ## Render CRD and RBAC from the API types' markers into config/ and the chart.
-	$(CONTROLLER_GEN) rbac:roleName=watchgate-manager crd paths=./api/... paths=./controllers/... paths=./proxy/... \
+	$(CONTROLLER_GEN) rbac:roleName=watchgate-manager crd paths=. paths=./api/... paths=./controllers/... paths=./proxy/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	charts/watchgate/hack/sync-generated.sh
 
 .PHONY: generate
-generate: ## Generate deepcopy code for the API types.
-	$(CONTROLLER_GEN) object paths=./api/...
+generate: ## Generate deepcopy code and server-side apply configurations (api/v1alpha1/applyconfiguration) for the API types.
+	$(CONTROLLER_GEN) object applyconfiguration paths=./api/v1alpha1
 
 .PHONY: vet
 vet: ## go vet every package.

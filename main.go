@@ -35,6 +35,10 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
+// Leader election records core Events about its Lease, in the Lease's
+// namespace (the pod's own).
+// +kubebuilder:rbac:groups="",namespace=watchgate-system,resources=events,verbs=create;patch
+
 // version is stamped at build time (-ldflags "-X main.version=...").
 var version = "dev"
 
@@ -73,15 +77,20 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	o.zap.BindFlags(fs)
 }
 
-// validate reports every bad flag at once.
+// validate reports every bad flag at once, in a fixed order (never a map's):
+// the same flags give the same message.
 func (o *options) validate() error {
 	var errs []error
 	if (o.tlsCertFile == "") != (o.tlsPrivateKeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file must be set together"))
 	}
-	for name, addr := range map[string]string{"--proxy-bind-address": o.proxyBindAddress, "--health-probe-bind-address": o.probeBindAddress} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: %w", name, addr, err))
+	// In flag order, so that the message is the same on every run.
+	for _, f := range []struct{ name, addr string }{
+		{"--proxy-bind-address", o.proxyBindAddress},
+		{"--health-probe-bind-address", o.probeBindAddress},
+	} {
+		if _, _, err := net.SplitHostPort(f.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", f.name, f.addr, err))
 		}
 	}
 	if o.metricsBindAddress != "0" {
@@ -149,6 +158,8 @@ func checkUpstream(ctx context.Context, cfg *rest.Config, timeout time.Duration)
 	return nil
 }
 
+// newScheme is the one scheme of the manager: the built-in types and the
+// WatchBudget types the controllers need.
 func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
@@ -210,7 +221,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	events := controllers.NewThrottleEvents()
+	events := controllers.NewThrottleEvents(mgr, nil)
 	engine := ratelimit.NewEngine(ratelimit.Options{OnThrottled: events.OnThrottled})
 	if _, err := controllers.SetupWithManager(mgr, engine, controllers.Options{
 		PodName:        o.podName,

@@ -176,3 +176,34 @@ func TestRunServesProbesMetricsAndTheProxy(t *testing.T) {
 		t.Fatal("run did not return within 45s of cancel")
 	}
 }
+
+// Every bad flag is reported, in flag order, and the same flags give the
+// same message every time (the address checks once ran over a map).
+func TestFlagErrorsComeInFlagOrder(t *testing.T) {
+	o := options{
+		tlsCertFile:        "c.pem",
+		proxyBindAddress:   "8443",
+		probeBindAddress:   "8081",
+		metricsBindAddress: "8080",
+		upstreamTimeout:    time.Hour,
+		shutdownGrace:      time.Hour,
+	}
+	first := o.validate()
+	if first == nil {
+		t.Fatal("validate accepted bad flags")
+	}
+	want := []string{"--tls-cert-file", "--proxy-bind-address", "--health-probe-bind-address", "--metrics-bind-address", "--upstream-check-timeout", "--shutdown-grace-period"}
+	at := -1
+	for _, flag := range want {
+		i := strings.Index(first.Error(), flag)
+		if i <= at {
+			t.Fatalf("%s is missing or out of order in %q", flag, first)
+		}
+		at = i
+	}
+	for range 20 {
+		if err := o.validate(); err.Error() != first.Error() {
+			t.Fatalf("validate's message changed between runs:\n%q\n%q", first, err)
+		}
+	}
+}

@@ -83,51 +83,63 @@ func TestToBudgetRejects(t *testing.T) {
 	}{
 		"a max delay below the initial delay": {
 			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{InitialDelaySeconds: ptr.To[int32](10), MaxDelaySeconds: ptr.To[int32](5)}},
-			want: "backoff.maxDelaySeconds: must be at least initialDelaySeconds (10)",
+			want: "backoff.maxDelaySeconds: must be >= backoff.initialDelaySeconds (10s)",
 		},
 		"a zero burst with a rate": {
 			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](10), WatchBurst: ptr.To[int32](0)}},
-			want: "limits.watchBurst: must be at least 1 when watchOpensPerMinute is set",
+			want: "limits.watchBurst: must be >= 1 when watchOpensPerMinute > 0",
 		},
 		"an initial-state cost above the burst": {
 			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{WatchBurst: ptr.To[int32](2), InitialStateCost: ptr.To[int32](3)}},
-			want: "limits.initialStateCost: must not exceed watchBurst (2)",
+			want: "limits.initialStateCost: must be <= watchBurst (2)",
 		},
 		"a zero list burst with a list rate": {
 			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{ListsPerMinute: ptr.To[int32](10), ListBurst: ptr.To[int32](0)}},
-			want: "limits.listBurst: must be at least 1 when listsPerMinute is set",
+			want: "limits.listBurst: must be >= 1 when listsPerMinute > 0",
 		},
 		"a reset shorter than a short watch": {
 			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{ShortWatchSeconds: ptr.To[int32](60), ResetAfterSeconds: ptr.To[int32](30)}},
-			want: "backoff.resetAfterSeconds: must be at least shortWatchSeconds (60)",
+			want: "backoff.resetAfterSeconds: must be >= backoff.shortWatchSeconds (60s)",
 		},
 		"a precedence out of range": {
 			spec: v1alpha1.WatchBudgetSpec{Precedence: 20000},
-			want: "precedence: must be between 1 and 10000, not 20000",
+			want: "precedence: must be <= 10000, not 20000",
 		},
 		"an unknown enforcement": {
 			spec: v1alpha1.WatchBudgetSpec{Enforcement: "Sometimes"},
-			want: `enforcement: unsupported value "Sometimes"`,
+			want: `enforcement: must be one of Enforce, DryRun, Exempt, not "Sometimes"`,
 		},
 		"a star inside a name": {
 			spec: v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "a*b"}}},
-			want: "subjects[0].name: '*' is allowed only as the last character",
+			want: "subjects[0].name: '*' is only allowed at the end",
 		},
 		"a service account without namespace": {
 			spec: v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindServiceAccount, Name: "agent"}}},
-			want: "subjects[0].namespace: required for kind ServiceAccount",
+			want: "subjects[0].namespace: must not be empty for kind ServiceAccount",
 		},
 		"a user with a namespace": {
 			spec: v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "alice", Namespace: "x"}}},
-			want: "subjects[0].namespace: not allowed for kind User",
+			want: "subjects[0].namespace: must be empty for kind User",
 		},
 		"a negative memory": {
 			spec: v1alpha1.WatchBudgetSpec{StaleVersions: v1alpha1.StaleVersions{MemorySeconds: ptr.To[int32](-1)}},
-			want: "staleVersions.memorySeconds: must be between 1 and 86400, not -1",
+			want: "staleVersions.memorySeconds: must be >= 0s",
+		},
+		"a zero memory, which the engine would read as none": {
+			spec: v1alpha1.WatchBudgetSpec{StaleVersions: v1alpha1.StaleVersions{MemorySeconds: ptr.To[int32](0)}},
+			want: "staleVersions.memorySeconds: must be >= 1s",
+		},
+		"a zero initial-state cost, which the engine would read as 1": {
+			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{InitialStateCost: ptr.To[int32](0)}},
+			want: "limits.initialStateCost: must be >= 1",
+		},
+		"a zero reset with a short watch": {
+			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{ShortWatchSeconds: ptr.To[int32](5), ResetAfterSeconds: ptr.To[int32](0)}},
+			want: "backoff.resetAfterSeconds: must be >= backoff.shortWatchSeconds (5s)",
 		},
 		"every problem at once, on one line": {
 			spec: v1alpha1.WatchBudgetSpec{Precedence: -1, Enforcement: "Nope"},
-			want: `precedence: must be between 1 and 10000, not -1; enforcement: unsupported value "Nope"`,
+			want: `precedence: must be >= 0; enforcement: must be one of Enforce, DryRun, Exempt, not "Nope"`,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"strings"
-	"time"
 
 	"golang.org/x/time/rate"
 
@@ -11,16 +9,21 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// WatchBudgets are cluster-scoped, and the events API writes Events about
+// cluster-scoped objects in the namespace "default" (client-go
+// tools/events), so that is the only namespace watchgate may write Events in.
+// +kubebuilder:rbac:groups=events.k8s.io,namespace=default,resources=events,verbs=create;patch
 
 // throttleQueueSize bounds the events waiting to be recorded; beyond it they
 // are dropped (and counted), never waited for.
@@ -43,9 +46,9 @@ const (
 )
 
 // ThrottleEvents records an Event on a WatchBudget when one of the
-// identities it governs starts being throttled. Create it before the
-// engine, pass its OnThrottled as ratelimit.Options.OnThrottled, and hand
-// it to SetupWithManager, which starts it on every replica.
+// identities it governs starts being throttled. Create it with the manager,
+// before the engine; pass its OnThrottled as ratelimit.Options.OnThrottled,
+// and hand it to SetupWithManager, which starts it on every replica.
 //
 // Aggregation is the engine's: it calls OnThrottled at most once per
 // budget × identity per ratelimit.Options.ThrottleNotifyInterval, so a storm
@@ -58,6 +61,7 @@ const (
 type ThrottleEvents struct {
 	queue   chan throttled
 	limiter *rate.Limiter
+	clock   clock.PassiveClock
 
 	reader   client.Reader
 	recorder events.EventRecorder
@@ -69,12 +73,20 @@ type throttled struct {
 	dryRun       bool
 }
 
-// NewThrottleEvents returns a ThrottleEvents ready for OnThrottled; Events
-// are recorded once SetupWithManager has started it.
-func NewThrottleEvents() *ThrottleEvents {
+// NewThrottleEvents returns a ThrottleEvents that reads budgets from mgr's
+// cache and records Events with mgr's recorder (reporting controller
+// "watchgate"); it queues from the start and records once SetupWithManager
+// has started it. A nil clock is the real one.
+func NewThrottleEvents(mgr manager.Manager, c clock.PassiveClock) *ThrottleEvents {
+	if c == nil {
+		c = clock.RealClock{}
+	}
 	return &ThrottleEvents{
-		queue:   make(chan throttled, throttleQueueSize),
-		limiter: rate.NewLimiter(eventsPerSecond, eventBurst),
+		queue:    make(chan throttled, throttleQueueSize),
+		limiter:  rate.NewLimiter(eventsPerSecond, eventBurst),
+		clock:    c,
+		reader:   mgr.GetCache(),
+		recorder: mgr.GetEventRecorder("watchgate"),
 	}
 }
 
@@ -107,7 +119,7 @@ func (t *ThrottleEvents) Start(ctx context.Context) error {
 }
 
 func (t *ThrottleEvents) record(ctx context.Context, e throttled) error {
-	if !t.limiter.AllowN(time.Now(), 1) {
+	if !t.limiter.AllowN(t.clock.Now(), 1) {
 		throttleEventsTotal.WithLabelValues("dropped").Inc()
 		return nil
 	}
@@ -134,18 +146,14 @@ func (t *ThrottleEvents) record(ctx context.Context, e throttled) error {
 
 // identityRef is the Event's related object: the identity throttled.
 func identityRef(user string) *corev1.ObjectReference {
-	if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
-		if ns, name, ok := strings.Cut(rest, ":"); ok {
-			return &corev1.ObjectReference{Kind: "ServiceAccount", APIVersion: "v1", Namespace: ns, Name: name}
-		}
+	if ns, name, err := serviceaccount.SplitUsername(user); err == nil {
+		return &corev1.ObjectReference{Kind: "ServiceAccount", APIVersion: "v1", Namespace: ns, Name: name}
 	}
 	if len(user) > 253 {
 		user = user[:253]
 	}
 	return &corev1.ObjectReference{Kind: "User", APIVersion: rbacv1.SchemeGroupVersion.String(), Name: user}
 }
-
-const serviceAccountPrefix = "system:serviceaccount:"
 
 // describeReason says what a reason means, for an Event's note.
 func describeReason(r ratelimit.Reason) string {

@@ -21,7 +21,8 @@ import (
 // budget, not one per request.
 func TestThrottlingBecomesOneEventPerIdentity(t *testing.T) {
 	r := startReplica(t, replicaOptions{
-		Options: controllers.Options{PodName: "events", ThrottleEvents: controllers.NewThrottleEvents()},
+		Options: controllers.Options{PodName: "events"},
+		events:  true,
 		engine:  ratelimit.Options{ThrottleNotifyInterval: time.Hour},
 	})
 	wb := &v1alpha1.WatchBudget{

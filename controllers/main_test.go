@@ -33,34 +33,20 @@ var (
 	admin client.Client
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
+func TestMain(m *testing.M) {
 	// WATCHGATE_TEST_LOG=1 shows the controllers' logs, up to V(5).
 	if os.Getenv("WATCHGATE_TEST_LOG") != "" {
 		ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapcore.Level(-5))))
 	} else {
 		ctrl.SetLogger(logr.Discard())
 	}
-	e, err := apiserver.Start(apiserver.Options{
+	os.Exit(apiserver.MainWithSetup(m, apiserver.Options{
 		CRDDirectoryPaths: []string{filepath.Join(apiserver.RepoRoot(), "config", "crd", "bases")},
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "test bed:", err)
-		return 1
-	}
-	defer func() {
-		if err := e.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stop test bed:", err)
-		}
-	}()
-	env = e
-	admin, err = client.New(env.Config, client.Options{Scheme: newScheme()})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	}, &env, func(e *apiserver.Env) error {
+		var err error
+		admin, err = client.New(e.Config, client.Options{Scheme: newScheme()})
+		return err
+	}))
 }
 
 func newScheme() *runtime.Scheme {
@@ -91,6 +77,8 @@ type replica struct {
 type replicaOptions struct {
 	controllers.Options
 	engine ratelimit.Options
+	// events records throttling Events (controllers.NewThrottleEvents).
+	events bool
 	// leaseNamespace, when set, turns leader election on, with a lease in
 	// that namespace.
 	leaseNamespace string
@@ -102,9 +90,6 @@ func startReplica(t *testing.T, opts replicaOptions) *replica {
 	t.Helper()
 	if opts.StatusInterval == 0 {
 		opts.StatusInterval = 100 * time.Millisecond
-	}
-	if opts.ThrottleEvents != nil {
-		opts.engine.OnThrottled = opts.ThrottleEvents.OnThrottled
 	}
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                  newScheme(),
@@ -120,6 +105,10 @@ func startReplica(t *testing.T, opts replicaOptions) *replica {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if opts.events {
+		opts.ThrottleEvents = controllers.NewThrottleEvents(mgr, nil)
+		opts.engine.OnThrottled = opts.ThrottleEvents.OnThrottled
 	}
 	engine := ratelimit.NewEngine(opts.engine)
 	c, err := controllers.SetupWithManager(mgr, engine, opts.Options)

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net/http"
 	"sync/atomic"
-	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -46,8 +45,8 @@ type PolicyReconciler struct {
 	Reader client.Reader
 	// Engine receives the compiled policy.
 	Engine Engine
-
-	// The following are used for testing purposes.
+	// Clock gives the instant of each policy swap; SetupWithManager sets it
+	// (a fake one in tests).
 	Clock clock.PassiveClock
 
 	loaded atomic.Pointer[Compiled]
@@ -61,9 +60,6 @@ var policyKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "wa
 // soon as the cache has synced, so that the policy (and readiness) does not
 // wait for a WatchBudget event that may never come.
 func (r *PolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
-	}
 	toKey := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{policyKey}
 	})
@@ -91,7 +87,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 		// Every budget passed Validate, so this is a bug; keep the old policy.
 		return ctrl.Result{}, fmt.Errorf("compile policy: %w", err)
 	}
-	r.Engine.SetPolicy(r.now(), p)
+	r.Engine.SetPolicy(r.Clock.Now(), p)
 	r.loaded.Store(&c)
 	policyLoadsTotal.Inc()
 	budgetsLoaded.WithLabelValues("Ready").Set(float64(len(c.Budgets)))
@@ -102,13 +98,6 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 		log.V(2).Info("Left out invalid budget", "watchBudget", name, "reason", err.Error())
 	}
 	return ctrl.Result{}, nil
-}
-
-func (r *PolicyReconciler) now() time.Time {
-	if r.Clock == nil {
-		return time.Now()
-	}
-	return r.Clock.Now()
 }
 
 // Generations returns, for each budget of the policy in the engine, the

@@ -158,7 +158,7 @@ func TestInvalidBudgetIsNotReadyAndLeavesOthersAlone(t *testing.T) {
 
 	eventually(t, 5*time.Second, "Ready=False, InvalidSpec", readyIs(bad.Name, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec, 1))
 	cond := meta.FindStatusCondition(getBudget(t, bad.Name).Status.Conditions, v1alpha1.ConditionReady)
-	if want := "backoff.maxDelaySeconds: must be at least initialDelaySeconds (30)"; !strings.Contains(cond.Message, want) {
+	if want := "backoff.maxDelaySeconds: must be >= backoff.initialDelaySeconds (30s)"; !strings.Contains(cond.Message, want) {
 		t.Errorf("Ready message = %q, want it to contain %q", cond.Message, want)
 	}
 	eventually(t, 5*time.Second, "the neighbour is Ready", readyIs(good.Name, metav1.ConditionTrue, v1alpha1.ReasonCompiled, 1))

@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/watchgate/watchgate/ratelimit"
@@ -13,7 +14,7 @@ import (
 
 func TestReadinessWaitsForTheFirstPolicy(t *testing.T) {
 	engine := ratelimit.NewEngine(ratelimit.Options{})
-	r := &PolicyReconciler{Reader: noBudgets{}, Engine: engine}
+	r := &PolicyReconciler{Reader: noBudgets{}, Engine: engine, Clock: clock.RealClock{}}
 	if err := r.Check(nil); err == nil {
 		t.Error("ready before any policy was loaded")
 	}

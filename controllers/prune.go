@@ -46,8 +46,7 @@ type ReplicaPruner struct {
 	Namespace string
 	// Interval between rounds; DefaultPruneInterval when zero.
 	Interval time.Duration
-
-	// The following are used for testing purposes.
+	// Clock ticks the rounds; SetupWithManager sets it (a fake one in tests).
 	Clock clock.WithTicker
 }
 
@@ -59,27 +58,13 @@ func (p *ReplicaPruner) Start(ctx context.Context) error {
 	if p.Namespace == "" {
 		return nil
 	}
-	if p.Clock == nil {
-		p.Clock = clock.RealClock{}
-	}
 	interval := p.Interval
 	if interval <= 0 {
 		interval = DefaultPruneInterval
 	}
 	log := logf.FromContext(ctx).WithName("replica-pruner").WithValues("namespace", p.Namespace)
-	ctx = logf.IntoContext(ctx, log)
-	t := p.Clock.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-			if err := p.Prune(ctx); err != nil {
-				log.Error(err, "Failed to prune status entries of gone replicas")
-			}
-		}
-	}
+	everyInterval(logf.IntoContext(ctx, log), p.Clock, interval, log, "Failed to prune status entries of gone replicas", p.Prune)
+	return nil
 }
 
 // Prune removes, from every budget, the entries of pods that do not exist.

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
 )
 
 // maxConditionMessage is metav1.Condition's limit on Message.
@@ -36,16 +37,13 @@ const maxConditionMessage = 32768
 type ReadyReconciler struct {
 	// Client reads WatchBudgets (from the cache) and writes their status.
 	Client client.Client
-
-	// The following are used for testing purposes.
+	// Clock stamps lastTransitionTime; SetupWithManager sets it (a fake
+	// one in tests).
 	Clock clock.PassiveClock
 }
 
 // SetupWithManager registers the reconciler; it needs leader election.
 func (r *ReadyReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
-	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("watchbudget-ready").
 		For(&v1alpha1.WatchBudget{}).
@@ -58,11 +56,7 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.Client.Get(ctx, req.NamespacedName, &wb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	now := time.Now()
-	if r.Clock != nil {
-		now = r.Clock.Now()
-	}
-	ready := readyCondition(&wb, now)
+	ready := readyCondition(&wb, r.Clock.Now())
 	// Keep lastTransitionTime when the status does not change.
 	conds := append([]metav1.Condition(nil), wb.Status.Conditions...)
 	meta.SetStatusCondition(&conds, ready)
@@ -73,15 +67,10 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if old != nil && sameCondition(*old, ready) && wb.Status.ActiveWatches == active && wb.Status.RecentRejections == recent {
 		return ctrl.Result{}, nil
 	}
-	cond, err := toUnstructured(ready)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	status := map[string]any{
-		"conditions":       []any{cond},
-		"activeWatches":    active,
-		"recentRejections": recent,
-	}
+	status := wbac.WatchBudgetStatus().
+		WithConditions(conditionApply(ready)).
+		WithActiveWatches(active).
+		WithRecentRejections(recent)
 	return ctrl.Result{}, client.IgnoreNotFound(applyStatus(ctx, r.Client, wb.Name, status, fieldOwnerController))
 }
 

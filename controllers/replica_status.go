@@ -11,19 +11,32 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
 )
 
 // DefaultStatusInterval is how often a replica considers writing its status
 // entries.
 const DefaultStatusInterval = 15 * time.Second
 
+// DefaultCounterRefreshInterval is how stale a replica lets the cumulative
+// decision counts (status.replicas[].decisions) of an entry become when
+// nothing else in it changed. Every admitted request adds to them, so
+// writing each change would rewrite the entry of every busy budget every
+// DefaultStatusInterval even when its active watches, identities, recent
+// rejections and offenders stay put; refreshing them every 5 minutes keeps
+// an idle-but-busy budget to one write per replica per 5 minutes.
+const DefaultCounterRefreshInterval = 5 * time.Minute
+
 // ReplicaStatusWriter writes this replica's live figures for each budget
 // into the budget's status.replicas, in the entry keyed by its pod name.
 // Every replica runs one (it does not need leader election).
 //
 // Every Interval it reads the engine's Stats and, for each budget whose
-// figures differ from its entry in the cache (lastUpdateTime aside), applies
-// the new entry with server-side apply under a field manager of its own
+// figures differ from its entry in the cache, applies the new entry: at once
+// when anything but the cumulative decision counts changed (active watches,
+// identities, recent rejections, offenders, observed generation), and when
+// only the counts changed once the entry is CounterRefreshInterval old. It
+// applies the new entry with server-side apply under a field manager of its own
 // (watchgate-replica-<pod>). Each replica thus owns exactly its own entry:
 // concurrent writers never conflict and never remove each other's entries.
 // A budget that leaves the policy (deleted, or now invalid) loses this
@@ -42,8 +55,12 @@ type ReplicaStatusWriter struct {
 	Pod string
 	// Interval between writes; DefaultStatusInterval when zero.
 	Interval time.Duration
-
-	// The following are used for testing purposes.
+	// CounterRefreshInterval is how long an entry whose only change is in
+	// its cumulative decision counts waits before it is rewritten;
+	// DefaultCounterRefreshInterval when zero.
+	CounterRefreshInterval time.Duration
+	// Clock ticks the writes and stamps lastUpdateTime; SetupWithManager
+	// sets it (a fake one in tests).
 	Clock clock.WithTicker
 
 	history map[string]*rejectionHistory
@@ -55,32 +72,19 @@ func (w *ReplicaStatusWriter) NeedLeaderElection() bool { return false }
 // Start writes every Interval until ctx ends, then removes this replica's
 // entries (with a fresh 5 s deadline, as ctx is already done).
 func (w *ReplicaStatusWriter) Start(ctx context.Context) error {
-	if w.Clock == nil {
-		w.Clock = clock.RealClock{}
-	}
 	interval := w.Interval
 	if interval <= 0 {
 		interval = DefaultStatusInterval
 	}
 	log := logf.FromContext(ctx).WithName("replica-status").WithValues("pod", w.Pod)
 	ctx = logf.IntoContext(ctx, log)
-	t := w.Clock.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := w.Remove(cleanup); err != nil {
-				log.Error(err, "Failed to remove this replica's status entries")
-			}
-			return nil
-		case <-t.C():
-			if err := w.Write(ctx); err != nil {
-				log.Error(err, "Failed to write status entries")
-			}
-		}
+	everyInterval(ctx, w.Clock, interval, log, "Failed to write status entries", w.Write)
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := w.Remove(cleanup); err != nil {
+		log.Error(err, "Failed to remove this replica's status entries")
 	}
+	return nil
 }
 
 // Write brings this replica's entry of every budget up to date, writing
@@ -120,7 +124,7 @@ func (w *ReplicaStatusWriter) Write(ctx context.Context) error {
 			w.history[wb.Name] = h
 		}
 		entry := replicaEntry(w.Pod, gen, st, h.observe(now, rejections(st), recentWindow), now)
-		if current != nil && sameFigures(*current, entry) {
+		if current != nil && !needsWrite(*current, entry, w.counterRefresh()) {
 			continue
 		}
 		errs = append(errs, w.apply(ctx, wb.Name, &entry))
@@ -131,6 +135,13 @@ func (w *ReplicaStatusWriter) Write(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (w *ReplicaStatusWriter) counterRefresh() time.Duration {
+	if w.CounterRefreshInterval <= 0 {
+		return DefaultCounterRefreshInterval
+	}
+	return w.CounterRefreshInterval
 }
 
 // Remove deletes this replica's entry from every budget that has one.
@@ -151,13 +162,9 @@ func (w *ReplicaStatusWriter) Remove(ctx context.Context) error {
 // apply writes entry as this replica's only entry of the budget; a nil
 // entry removes it. A budget deleted meanwhile is not an error.
 func (w *ReplicaStatusWriter) apply(ctx context.Context, name string, entry *v1alpha1.ReplicaStatus) error {
-	status := map[string]any{}
+	status := wbac.WatchBudgetStatus()
 	if entry != nil {
-		m, err := toUnstructured(entry)
-		if err != nil {
-			return err
-		}
-		status["replicas"] = []any{m}
+		status.WithReplicas(replicaApply(entry))
 	}
 	err := applyStatus(ctx, w.Client, name, status, replicaFieldOwner(w.Pod))
 	if apierrors.IsNotFound(err) {

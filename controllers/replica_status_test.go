@@ -148,3 +148,61 @@ func statusIs(name string, want map[string]entry, active, recent int64) func() e
 		return nil
 	}
 }
+
+// A budget that is busy but steady — its identity keeps being admitted and
+// nothing else changes — costs the API server no writes: the cumulative
+// counts alone wait for the counter refresh (an hour here). A change of
+// anything else is written at the next tick, with the counts of that
+// moment. Writes are counted by the budget's resourceVersion.
+func TestBusyButSteadyBudgetIsNotRewritten(t *testing.T) {
+	r := startReplica(t, replicaOptions{Options: controllers.Options{PodName: "steady", CounterRefreshInterval: time.Hour}})
+	name := fmt.Sprintf("steady-%d", time.Now().UnixNano())
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "steady-*"}}},
+	})
+	eventually(t, reloadDeadline, "the budget reaches the engine", func() error {
+		_, err := policyBudget(r.engine, name)
+		return err
+	})
+	// Lists are admitted and counted, and change no other figure.
+	list := &ratelimit.Request{User: "steady-alice", Verb: ratelimit.VerbList, Resource: "pods", Namespace: "default"}
+	r.engine.Decide(time.Now(), list)
+	eventually(t, 5*time.Second, "the first entry", statusIs(name, map[string]entry{
+		"steady": {identities: 1, decisions: map[string]int64{"Allowed": 1}},
+	}, 0, 0))
+	// Let the writer's cache catch up with its own write (until then it
+	// may write the same entry once more).
+	rv := ""
+	eventually(t, 10*time.Second, "the budget's resourceVersion settles", func() error {
+		before := getBudget(t, name).ResourceVersion
+		time.Sleep(500 * time.Millisecond)
+		if rv = getBudget(t, name).ResourceVersion; rv != before {
+			return fmt.Errorf("written again: %s → %s", before, rv)
+		}
+		return nil
+	})
+
+	// 30 ticks of the writer (100 ms each) with 10 admitted lists each.
+	for range 30 {
+		for range 10 {
+			if d := r.engine.Decide(time.Now(), list); !d.Allowed {
+				t.Fatalf("list: %+v", d)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := getBudget(t, name).ResourceVersion; got != rv {
+		t.Errorf("the budget was written (resourceVersion %s → %s) while only its cumulative counts changed", rv, got)
+	}
+
+	// A watch opens: written at once, with the counts as they are now.
+	w := r.engine.Decide(time.Now(), &ratelimit.Request{User: "steady-alice", Verb: ratelimit.VerbWatch, Resource: "pods", Namespace: "default", ResourceVersion: "7"})
+	if !w.Allowed {
+		t.Fatalf("watch: %+v", w)
+	}
+	defer r.engine.WatchEnded(time.Now(), w.Watch, time.Hour, ratelimit.OutcomeClosed)
+	eventually(t, 5*time.Second, "the new figures with the counts of the moment", statusIs(name, map[string]entry{
+		"steady": {active: 1, identities: 1, decisions: map[string]int64{"Allowed": 302}},
+	}, 1, 0))
+}

@@ -3,7 +3,6 @@ package controllers
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -15,16 +14,16 @@ import (
 // Options configure the controllers.
 type Options struct {
 	// PodName is this replica's pod name: the key of its entries in
-	// status.replicas and part of its field manager's name. In a cluster,
-	// set it from the downward API (metadata.name); the host name (which is
-	// the pod name in a pod) when empty.
+	// status.replicas and part of its field manager's name. Required; in a
+	// cluster, the downward API's metadata.name (main defaults it).
 	PodName string
 	// Namespace is the namespace the replicas' pods run in (downward API
 	// metadata.namespace). The leader prunes entries of pods missing from
 	// it. Empty disables pruning (running outside a cluster).
 	Namespace string
 	// ThrottleEvents, when set, is started to record Events; its
-	// OnThrottled must be the engine's ratelimit.Options.OnThrottled.
+	// OnThrottled must be the engine's ratelimit.Options.OnThrottled. Build
+	// it with NewThrottleEvents from the same manager.
 	ThrottleEvents *ThrottleEvents
 	// StatusInterval is how often replicas write their status entries;
 	// DefaultStatusInterval (15 s) when zero.
@@ -32,8 +31,14 @@ type Options struct {
 	// PruneInterval is how often the leader prunes; DefaultPruneInterval
 	// (1 min) when zero.
 	PruneInterval time.Duration
+	// CounterRefreshInterval is how long an entry whose only change is in
+	// its cumulative decision counts waits to be rewritten;
+	// DefaultCounterRefreshInterval (5 min) when zero.
+	CounterRefreshInterval time.Duration
 
 	// The following are used for testing purposes.
+
+	// Clock is every piece's clock; the real one when nil.
 	Clock clock.WithTicker
 }
 
@@ -48,25 +53,22 @@ type Controllers struct {
 
 // SetupWithManager adds the WatchBudget controllers to mgr, feeding engine:
 // the policy reconciler, the status writer and the throttle events on every
-// replica, the Ready reconciler and the pruner on the leader. It registers
-// the WatchBudget types with the manager's scheme and a readyz check named
-// "watchbudgets" that passes once the first policy is loaded.
+// replica, the Ready reconciler and the pruner on the leader. It adds a
+// readyz check named "watchbudgets" that passes once the first policy is
+// loaded. The manager's scheme must know the WatchBudget types
+// (v1alpha1.AddToScheme).
 func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controllers, error) {
 	if engine == nil {
 		return nil, errors.New("controllers: engine is required")
 	}
 	if opts.PodName == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("controllers: no pod name and no host name: %w", err)
-		}
-		opts.PodName = host
+		return nil, errors.New("controllers: pod name is required")
+	}
+	if gvk := v1alpha1.GroupVersion.WithKind("WatchBudget"); !mgr.GetScheme().Recognizes(gvk) {
+		return nil, fmt.Errorf("controllers: the manager's scheme does not know %s: call v1alpha1.AddToScheme", gvk)
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
-	}
-	if err := v1alpha1.AddToScheme(mgr.GetScheme()); err != nil {
-		return nil, err
 	}
 	c := &Controllers{
 		Policy: &PolicyReconciler{Reader: mgr.GetCache(), Engine: engine, Clock: opts.Clock},
@@ -74,7 +76,7 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	}
 	c.Writer = &ReplicaStatusWriter{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), Engine: engine, Policy: c.Policy,
-		Pod: opts.PodName, Interval: opts.StatusInterval, Clock: opts.Clock,
+		Pod: opts.PodName, Interval: opts.StatusInterval, CounterRefreshInterval: opts.CounterRefreshInterval, Clock: opts.Clock,
 	}
 	c.Pruner = &ReplicaPruner{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), PodReader: mgr.GetAPIReader(),
@@ -93,8 +95,6 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 		return nil, err
 	}
 	if t := opts.ThrottleEvents; t != nil {
-		t.reader = mgr.GetCache()
-		t.recorder = mgr.GetEventRecorder("watchgate")
 		c.Events = t
 		if err := mgr.Add(t); err != nil {
 			return nil, err

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"maps"
@@ -10,10 +9,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -80,15 +80,27 @@ func replicaEntry(pod string, generation int64, st ratelimit.BudgetStats, recent
 	return e
 }
 
-// sameFigures reports whether two entries differ only in lastUpdateTime, in
-// which case there is nothing worth writing.
-func sameFigures(a, b v1alpha1.ReplicaStatus) bool {
+// needsWrite reports whether next is worth writing over current: when any
+// figure but the cumulative decision counts differs, or when only the counts
+// differ and current is at least counterRefresh old (by next's
+// lastUpdateTime). Counts grow with every admitted request, so writing on
+// each change would rewrite every busy budget's entry every tick.
+func needsWrite(current, next v1alpha1.ReplicaStatus, counterRefresh time.Duration) bool {
+	if !sameGauges(current, next) {
+		return true
+	}
+	return !maps.Equal(current.Decisions, next.Decisions) &&
+		next.LastUpdateTime.Sub(current.LastUpdateTime.Time) >= counterRefresh
+}
+
+// sameGauges reports whether two entries agree on everything but the
+// cumulative decision counts and lastUpdateTime.
+func sameGauges(a, b v1alpha1.ReplicaStatus) bool {
 	return a.Pod == b.Pod &&
 		a.ObservedGeneration == b.ObservedGeneration &&
 		a.ActiveWatches == b.ActiveWatches &&
 		a.TrackedIdentities == b.TrackedIdentities &&
 		a.RecentRejections == b.RecentRejections &&
-		maps.Equal(a.Decisions, b.Decisions) &&
 		slices.Equal(a.TopOffenders, b.TopOffenders)
 }
 
@@ -116,27 +128,41 @@ func sums(replicas []v1alpha1.ReplicaStatus) (activeWatches, recentRejections in
 // nothing else) to the named WatchBudget's status subresource. Fields owner
 // owned before and left out of status are removed. A budget that is gone is
 // not recreated: the API server answers NotFound.
-func applyStatus(ctx context.Context, c client.Client, name string, status map[string]any, owner string) error {
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       "WatchBudget",
-		"metadata":   map[string]any{"name": name},
-		"status":     status,
-	}}
-	err := c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(owner), client.ForceOwnership)
+func applyStatus(ctx context.Context, c client.Client, name string, status *wbac.WatchBudgetStatusApplyConfiguration, owner string) error {
+	wb := wbac.WatchBudget(name).WithStatus(status)
+	err := c.Status().Apply(ctx, wb, client.FieldOwner(owner), client.ForceOwnership)
 	if err != nil {
 		return fmt.Errorf("apply status of WatchBudget %s as %s: %w", name, owner, err)
 	}
 	return nil
 }
 
-// toUnstructured turns a typed value into the map form an apply
-// configuration holds, as its JSON says.
-func toUnstructured(v any) (map[string]any, error) {
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
+// replicaApply is the apply configuration of a replica's entry: every field
+// the entry's JSON holds (those with omitempty only when set).
+func replicaApply(e *v1alpha1.ReplicaStatus) *wbac.ReplicaStatusApplyConfiguration {
+	a := wbac.ReplicaStatus().
+		WithPod(e.Pod).
+		WithObservedGeneration(e.ObservedGeneration).
+		WithActiveWatches(e.ActiveWatches).
+		WithTrackedIdentities(e.TrackedIdentities).
+		WithRecentRejections(e.RecentRejections).
+		WithLastUpdateTime(e.LastUpdateTime)
+	if len(e.Decisions) > 0 {
+		a.WithDecisions(e.Decisions)
 	}
-	var m map[string]any
-	return m, json.Unmarshal(raw, &m)
+	for _, o := range e.TopOffenders {
+		a.WithTopOffenders(wbac.Offender().WithUser(o.User).WithRejections(o.Rejections))
+	}
+	return a
+}
+
+// conditionApply is the apply configuration of a condition.
+func conditionApply(c metav1.Condition) *metav1ac.ConditionApplyConfiguration {
+	return metav1ac.Condition().
+		WithType(c.Type).
+		WithStatus(c.Status).
+		WithObservedGeneration(c.ObservedGeneration).
+		WithLastTransitionTime(c.LastTransitionTime).
+		WithReason(c.Reason).
+		WithMessage(c.Message)
 }

@@ -30,13 +30,40 @@ func TestReplicaEntry(t *testing.T) {
 		t.Errorf("rejections = %d, want 4 (Allowed is not one)", got)
 	}
 
-	later := replicaEntry("pod-a", 7, st, 4, t0.Add(time.Minute))
-	if !sameFigures(e, later) {
-		t.Error("entries that differ only in lastUpdateTime are not the same figures")
+}
+
+// A timeline of one entry at a 15 s tick and a 5 min counter refresh: only
+// a change of anything but the cumulative counts writes at once.
+func TestNeedsWrite(t *testing.T) {
+	const refresh = 5 * time.Minute
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	stats := func(allowed, active int64) ratelimit.BudgetStats {
+		return ratelimit.BudgetStats{ActiveWatches: active, TrackedIdentities: 1, Decisions: map[ratelimit.Reason]int64{"Allowed": allowed}}
 	}
-	st.Decisions["Allowed"]++
-	if sameFigures(e, replicaEntry("pod-a", 7, st, 4, t0)) {
-		t.Error("a new decision did not change the figures")
+	written := replicaEntry("pod-a", 7, stats(10, 3), 0, t0)
+	for _, step := range []struct {
+		at      time.Duration
+		allowed int64
+		active  int64
+		gen     int64
+		want    bool
+	}{
+		{at: 15 * time.Second, allowed: 10, active: 3, gen: 7, want: false},                // lastUpdateTime alone
+		{at: 30 * time.Second, allowed: 50, active: 3, gen: 7, want: false},                // busy: counts alone wait
+		{at: 4*time.Minute + 45*time.Second, allowed: 900, active: 3, gen: 7, want: false}, // still under refresh
+		{at: refresh, allowed: 950, active: 3, gen: 7, want: true},                         // counts refreshed
+		{at: 45 * time.Second, allowed: 51, active: 4, gen: 7, want: true},                 // a watch more
+		{at: 45 * time.Second, allowed: 10, active: 3, gen: 8, want: true},                 // a new generation
+	} {
+		next := replicaEntry("pod-a", step.gen, stats(step.allowed, step.active), 0, t0.Add(step.at))
+		if got := needsWrite(written, next, refresh); got != step.want {
+			t.Errorf("at +%s with %d allowed, %d active, generation %d: needsWrite = %v, want %v", step.at, step.allowed, step.active, step.gen, got, step.want)
+		}
+	}
+	other := written
+	other.TopOffenders = []v1alpha1.Offender{{User: "alice", Rejections: 1}}
+	if !needsWrite(written, other, refresh) {
+		t.Error("a new offender did not need a write")
 	}
 }
 

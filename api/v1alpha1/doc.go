@@ -6,10 +6,13 @@
 //
 // The Go types are the source of truth: controller-gen renders the CRD
 // (config/crd/bases), with its OpenAPI validation, CEL rules, defaults and
-// printer columns, from the markers next to each field, and the deepcopy
-// code (zz_generated.deepcopy.go). Run `make manifests generate` after every
-// change; a test fails when the committed files are stale.
+// printer columns, from the markers next to each field, the deepcopy code
+// (zz_generated.deepcopy.go) and the typed apply configurations for
+// server-side apply (applyconfiguration/, which the controllers write status
+// with). Run `make manifests generate` after every change; a test fails when
+// the committed files are stale.
 //
 // +kubebuilder:object:generate=true
+// +kubebuilder:ac:generate=true
 // +groupName=watchgate.io
 package v1alpha1

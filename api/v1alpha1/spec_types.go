@@ -131,30 +131,35 @@ type Subject struct {
 // holding "*", matches everything.
 type ResourceRule struct {
 	// apiGroups are API groups; "" is the core group (pods, configmaps...).
-	// Empty or "*" matches every group. At most 32 entries of at most 253
-	// characters.
+	// Empty or "*" matches every group; an entry ending in '*' is a prefix
+	// ('*' only last). At most 32 entries of at most 253 characters.
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^[^*]*\*?$`
 	// +listType=atomic
 	// +optional
 	APIGroups []string `json:"apiGroups,omitempty"`
 
 	// resources are resource names in the plural, lower case, as in URLs
-	// ("pods", "deployments"). Empty or "*" matches every resource. At most
-	// 64 entries of 1 to 253 characters.
+	// ("pods", "deployments"). Empty or "*" matches every resource; an entry
+	// ending in '*' is a prefix ('*' only last). At most 64 entries of 1 to
+	// 253 characters.
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^[^*]*\*?$`
 	// +listType=atomic
 	// +optional
 	Resources []string `json:"resources,omitempty"`
 
 	// namespaces are the namespaces of namespaced requests; "" matches
 	// requests for cluster-scoped resources and requests across all
-	// namespaces. Empty or "*" matches every namespace. At most 64 entries of
-	// at most 63 characters.
+	// namespaces. Empty or "*" matches every namespace; an entry ending in
+	// '*' is a prefix ("team-*"; '*' only last). At most 64 entries of at
+	// most 63 characters.
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[^*]*\*?$`
 	// +listType=atomic
 	// +optional
 	Namespaces []string `json:"namespaces,omitempty"`

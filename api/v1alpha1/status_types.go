@@ -47,7 +47,8 @@ type WatchBudgetStatus struct {
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
-	// change. Entries of replicas whose pod is gone are pruned. At most 256.
+	// change; a change of decisions alone waits up to 5 minutes. Entries of
+	// replicas whose pod is gone are pruned. At most 256.
 	// +listType=map
 	// +listMapKey=pod
 	// +kubebuilder:validation:MaxItems=256
@@ -83,7 +84,9 @@ type ReplicaStatus struct {
 	// decisions counts this replica's decisions since it started, by reason:
 	// Allowed, RateLimited, TooManyWatches, BackingOff,
 	// StaleResourceVersion. In DryRun the rejection reasons count requests
-	// that were admitted but would have been rejected. At most 16 keys.
+	// that were admitted but would have been rejected. Every admitted request
+	// adds to them, so a change of these counts alone is written at most
+	// every 5 minutes (the other figures at once). At most 16 keys.
 	// +kubebuilder:validation:MaxProperties=16
 	// +optional
 	Decisions map[string]int64 `json:"decisions,omitempty"`

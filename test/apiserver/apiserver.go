@@ -142,12 +142,28 @@ func (e *Env) Stop() error {
 // it is meant for TestMain and returns the exit code. When the test bed is
 // missing it fails (it does not skip): run `make testbin`.
 func Main(m *testing.M, opts Options, env **Env) int {
+	return MainWithSetup(m, opts, env, nil)
+}
+
+// MainWithSetup is Main with setup, when not nil, run once the control plane
+// serves and before the tests (to build clients from it); an error from setup
+// stops the control plane and fails the run.
+func MainWithSetup(m *testing.M, opts Options, env **Env, setup func(*Env) error) int {
 	e, err := Start(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "test bed:", err)
 		return 1
 	}
 	*env = e
+	if setup != nil {
+		if err := setup(e); err != nil {
+			fmt.Fprintln(os.Stderr, "test bed setup:", err)
+			if err := e.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "stop test bed:", err)
+			}
+			return 1
+		}
+	}
 	code := m.Run()
 	if err := e.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stop test bed:", err)

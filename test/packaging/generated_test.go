@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
 
@@ -22,7 +23,7 @@ func TestChartCopiesOfGeneratedFilesAreFresh(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("sync-generated.sh: %v\n%s", err, b)
 	}
-	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml", "role.yaml"} {
+	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml", "role.yaml", "role-events.yaml"} {
 		want, err := os.ReadFile(filepath.Join(out, name))
 		if err != nil {
 			t.Fatal(err)
@@ -93,9 +94,17 @@ func specText(t *testing.T, manifest string) string {
 func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 	generated := decode(t, readFile(t, "config/rbac/role.yaml"))
 	genCR := find(t, generated, "ClusterRole", "watchgate-manager")
-	genRole := find(t, generated, "Role", "watchgate-manager")
-	if len(generated) != 2 || genRole.GetNamespace() != "watchgate-system" {
-		t.Errorf("config/rbac/role.yaml: want a ClusterRole and a Role in watchgate-system, got %d objects, the Role in %q", len(generated), genRole.GetNamespace())
+	var genRole, genEvents *unstructured.Unstructured
+	for _, o := range generated {
+		switch {
+		case o.GetKind() == "Role" && o.GetNamespace() == "watchgate-system":
+			genRole = o
+		case o.GetKind() == "Role" && o.GetNamespace() == "default":
+			genEvents = o
+		}
+	}
+	if len(generated) != 3 || genRole == nil || genEvents == nil {
+		t.Fatalf("config/rbac/role.yaml: want a ClusterRole, a Role in watchgate-system and a Role in default, got %d objects", len(generated))
 	}
 
 	objs := decode(t, render(t, "watchgate", "watchgate-system"))
@@ -107,6 +116,10 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 	if !reflect.DeepEqual(genRole.Object["rules"], role.Object["rules"]) {
 		t.Errorf("chart Role rules differ from config/rbac/role.yaml:\nchart: %v\nconfig: %v", role.Object["rules"], genRole.Object["rules"])
 	}
+	events := find(t, objs, "Role", "watchgate-events")
+	if !reflect.DeepEqual(genEvents.Object["rules"], events.Object["rules"]) || events.GetNamespace() != "default" {
+		t.Errorf("chart events Role (in %q) rules differ from config/rbac/role.yaml's Role in default:\nchart: %v\nconfig: %v", events.GetNamespace(), events.Object["rules"], genEvents.Object["rules"])
+	}
 
 	// What the design says the code needs; a marker that disappears is a bug
 	// in the code or in this list.
@@ -115,11 +128,26 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 		{"authorization.k8s.io", "subjectaccessreviews", "create"},
 		{"watchgate.io", "watchbudgets", "watch"},
 		{"watchgate.io", "watchbudgets/status", "patch"},
-		{"", "events", "create"},
 	} {
 		if !allows(cr.Object["rules"], need.group, need.resource, need.verb) {
 			t.Errorf("ClusterRole does not allow %s %s.%s", need.verb, need.resource, need.group)
 		}
+	}
+	// Events about the cluster-scoped budgets go to default, leader
+	// election's about its Lease to the release namespace; no Events
+	// anywhere else.
+	for _, g := range []string{"", "events.k8s.io"} {
+		for _, verb := range []string{"create", "patch"} {
+			if allows(cr.Object["rules"], g, "events", verb) {
+				t.Errorf("ClusterRole allows %s events.%s cluster-wide; Events belong in the namespaced Roles", verb, g)
+			}
+		}
+	}
+	if !allows(events.Object["rules"], "events.k8s.io", "events", "create") || !allows(events.Object["rules"], "events.k8s.io", "events", "patch") {
+		t.Errorf("events Role does not allow create and patch events.events.k8s.io: %v", events.Object["rules"])
+	}
+	if !allows(role.Object["rules"], "", "events", "create") {
+		t.Errorf("manager Role does not allow leader election's Events: %v", role.Object["rules"])
 	}
 	// The pruner lists its replicas' pods in its own namespace, never
 	// cluster-wide.
@@ -140,13 +168,14 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 			t.Errorf("unexpected ClusterRole %s", o.GetName())
 		}
 	}
-	for _, b := range []struct{ kind, roleKind string }{
-		{"ClusterRoleBinding", "ClusterRole"},
-		{"RoleBinding", "Role"},
+	for _, b := range []struct{ kind, roleKind, name string }{
+		{"ClusterRoleBinding", "ClusterRole", "watchgate-manager"},
+		{"RoleBinding", "Role", "watchgate-manager"},
+		{"RoleBinding", "Role", "watchgate-events"},
 	} {
-		binding := find(t, objs, b.kind, "watchgate-manager")
-		if ref, _ := binding.Object["roleRef"].(map[string]any); ref["kind"] != b.roleKind || ref["name"] != "watchgate-manager" {
-			t.Errorf("%s roleRef = %v, want %s watchgate-manager", b.kind, ref, b.roleKind)
+		binding := find(t, objs, b.kind, b.name)
+		if ref, _ := binding.Object["roleRef"].(map[string]any); ref["kind"] != b.roleKind || ref["name"] != b.name {
+			t.Errorf("%s roleRef = %v, want %s %s", b.kind, ref, b.roleKind, b.name)
 		}
 		subjects, _ := binding.Object["subjects"].([]any)
 		if len(subjects) != 1 || subjects[0].(map[string]any)["name"] != "watchgate" || subjects[0].(map[string]any)["namespace"] != "watchgate-system" {
@@ -156,7 +185,11 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 
 	// In another release namespace, the Role and its binding follow it.
 	for _, o := range decode(t, render(t, "watchgate", "ops")) {
-		if (o.GetKind() == "Role" || o.GetKind() == "RoleBinding") && o.GetNamespace() != "ops" {
+		want := "ops"
+		if o.GetName() == "watchgate-events" {
+			want = "default" // where the events API writes the budgets' Events
+		}
+		if (o.GetKind() == "Role" || o.GetKind() == "RoleBinding") && o.GetNamespace() != want {
 			t.Errorf("release in ops: %s %s is in %q", o.GetKind(), o.GetName(), o.GetNamespace())
 		}
 	}

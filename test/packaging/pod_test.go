@@ -3,6 +3,7 @@ package packaging
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,9 +28,12 @@ import (
 // test plays it: a missing permission (a Lease, a status patch, a
 // TokenReview) shows up as a replica that never turns ready or an error in
 // its log. Then a watch goes through the proxy, trusting the chart's CA.
-// Last, the API server confirms the ServiceAccount may list pods in the
-// release namespace only (the pruner's one-minute round is later than the
-// test looks).
+// Then a budget throttles that client, and the replica records the Event on
+// the (cluster-scoped) budget in default, the only namespace it may write
+// Events in. Last, the API server confirms the ServiceAccount may list pods
+// in the release namespace only (the pruner's one-minute round is later than
+// the test looks) and write Events in default (the budgets') and the release
+// namespace (leader election's) only.
 func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	installPrerequisites(t)
 	dir := t.TempDir()
@@ -178,6 +182,34 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 		t.Errorf("watchgate logged %q: the chart's RBAC misses a permission the code uses", m)
 	}
 
+	// Events: a budget that allows the client one watch open a minute
+	// throttles its second; the replica writes an Event about the budget,
+	// which the events API puts in default.
+	budget := fmt.Sprintf("packaging-events-%d", time.Now().UnixNano())
+	kubectlIn(t, fmt.Sprintf(`apiVersion: watchgate.io/v1alpha1
+kind: WatchBudget
+metadata:
+  name: %s
+spec:
+  precedence: 1
+  subjects: [{kind: ServiceAccount, namespace: packaging-client, name: reader}]
+  limits: {watchOpensPerMinute: 1, watchBurst: 1}
+`, budget), "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = kubectl(t, "", "delete", "wb", budget, "--ignore-not-found") })
+	waitFor(t, exited, &waitErr, 60*time.Second, "a watch throttled by "+budget, func() bool {
+		resp, err := client.Do(req.Clone(t.Context()))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusTooManyRequests && strings.Contains(resp.Header.Get("X-Watchgate-Decision"), "budget="+budget)
+	})
+	waitFor(t, exited, &waitErr, 60*time.Second, "an Event about "+budget+" in default", func() bool {
+		out, err := kubectl(t, "", "get", "events.events.k8s.io", "--namespace", "default",
+			"-o", `jsonpath={range .items[*]}{.regarding.name}/{.reportingController}{"\n"}{end}`)
+		return err == nil && strings.Contains(out, budget+"/watchgate")
+	})
+
 	// The leader lists its replicas' pods (to prune their status entries)
 	// only once a minute, later than this test looks: ask the API server,
 	// with the ServiceAccount's own token, that it may list pods in its
@@ -189,12 +221,29 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 		{[]string{"list", "pods", "--namespace", releaseNamespace}, "yes"},
 		{[]string{"list", "pods", "--namespace", "default"}, "no"},
 		{[]string{"list", "pods", "--all-namespaces"}, "no"},
+		{[]string{"create", "events.events.k8s.io", "--namespace", "default"}, "yes"},
+		{[]string{"patch", "events.events.k8s.io", "--namespace", "default"}, "yes"},
+		{[]string{"create", "events.events.k8s.io", "--namespace", releaseNamespace}, "no"},
+		{[]string{"create", "events.events.k8s.io", "--namespace", "kube-system"}, "no"},
+		{[]string{"create", "events.events.k8s.io", "--all-namespaces"}, "no"},
+		{[]string{"create", "events", "--namespace", releaseNamespace}, "yes"},
+		{[]string{"create", "events", "--namespace", "default"}, "no"},
+		{[]string{"create", "events", "--namespace", "kube-system"}, "no"},
 	} {
 		// kubectl auth can-i exits 1 on "no"; the answer is what counts.
 		out, _ := env.KubectlAs(t.Context(), kubeconfig, append([]string{"auth", "can-i"}, q.args...)...)
 		if got := strings.TrimSpace(out); !strings.HasPrefix(got, q.want) {
 			t.Errorf("the chart's ServiceAccount: can-i %s = %q, want %s", strings.Join(q.args, " "), got, q.want)
 		}
+	}
+}
+
+// kubectlIn runs kubectl as the admin with in on stdin and fails the test on
+// an error.
+func kubectlIn(t *testing.T, in string, args ...string) {
+	t.Helper()
+	if out, err := kubectl(t, in, args...); err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 }
 
