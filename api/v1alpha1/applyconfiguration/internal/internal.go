@@ -135,6 +135,8 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: atomic
 - name: com.github.watchgate.watchgate.api.v1alpha1.StaleAction
   scalar: string
+- name: com.github.watchgate.watchgate.api.v1alpha1.StaleMatch
+  scalar: string
 - name: com.github.watchgate.watchgate.api.v1alpha1.StaleVersions
   map:
     fields:
@@ -142,6 +144,10 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.watchgate.watchgate.api.v1alpha1.StaleAction
       default: Reject
+    - name: match
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.StaleMatch
+      default: AtOrBelow
     - name: memorySeconds
       type:
         scalar: numeric

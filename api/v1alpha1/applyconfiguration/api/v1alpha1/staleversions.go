@@ -17,8 +17,22 @@ type StaleVersionsApplyConfiguration struct {
 	// resource version" Status, without asking the API server) or Pass
 	// (forward it). Default Reject.
 	Action *apiv1alpha1.StaleAction `json:"action,omitempty"`
-	// memorySeconds is how long, in seconds, a resourceVersion is remembered
-	// as stale after the API server last declared it too old. Between 1 and
+	// match is which versions a "too old" answer makes stale for its API
+	// group and resource: AtOrBelow (default) or Exact. Versions are
+	// compared as kube-apiserver parses them (base-10 unsigned 64-bit
+	// integers, so "000100" is 100); "", "0" and versions that do not parse
+	// are never stale. AtOrBelow rejects every version at or below the
+	// highest one reported too old: kube-apiserver's versions are etcd
+	// revisions, its window of history only moves forward, so such versions
+	// are too old as well, and a storm of clients each holding its own stale
+	// version costs one upstream watch instead of one per version. With
+	// several API servers with different windows behind one address, or an
+	// etcd restored from backup, AtOrBelow may refuse a version one of them
+	// still holds: the client then relists once, as after a real 410. Exact
+	// rejects only the very versions reported.
+	Match *apiv1alpha1.StaleMatch `json:"match,omitempty"`
+	// memorySeconds is how long, in seconds, a "too old" answer counts (see
+	// match) after the API server last gave it. Between 1 and
 	// 86400; default 900.
 	MemorySeconds *int32 `json:"memorySeconds,omitempty"`
 }
@@ -34,6 +48,14 @@ func StaleVersions() *StaleVersionsApplyConfiguration {
 // If called multiple times, the Action field is set to the value of the last call.
 func (b *StaleVersionsApplyConfiguration) WithAction(value apiv1alpha1.StaleAction) *StaleVersionsApplyConfiguration {
 	b.Action = &value
+	return b
+}
+
+// WithMatch sets the Match field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Match field is set to the value of the last call.
+func (b *StaleVersionsApplyConfiguration) WithMatch(value apiv1alpha1.StaleMatch) *StaleVersionsApplyConfiguration {
+	b.Match = &value
 	return b
 }
 
