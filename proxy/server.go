@@ -66,14 +66,21 @@ func NewServer(opts Options) (*Server, error) {
 	o := opts.complete()
 	lg := o.Logger
 
-	// The proxy's own client: TokenReviews, SubjectAccessReviews, the
-	// readiness probe. Reviews are rate limited by reviewCache, so the
-	// client's own limiter is off.
+	// The proxy's own clients: TokenReviews, SubjectAccessReviews and
+	// service-account keys (Reviews), the readiness probe (Upstream).
+	// Reviews are rate limited by reviewCache, so the clients' own
+	// limiters are off.
 	own := rest.CopyConfig(o.Reviews)
 	own.QPS, own.Burst = -1, -1
 	client, err := kubernetes.NewForConfig(own)
 	if err != nil {
 		return nil, fmt.Errorf("proxy client: %w", err)
+	}
+	probeConfig := rest.CopyConfig(o.Upstream)
+	probeConfig.QPS, probeConfig.Burst = -1, -1
+	probe, err := kubernetes.NewForConfig(probeConfig)
+	if err != nil {
+		return nil, fmt.Errorf("proxy probe client: %w", err)
 	}
 	target, transport, err := upstreamTransport(o.Upstream)
 	if err != nil {
@@ -112,7 +119,7 @@ func NewServer(opts Options) (*Server, error) {
 
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
-		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: client, errorLog: errorLog,
+		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs,
 	}, nil
 }

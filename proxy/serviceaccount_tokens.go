@@ -69,6 +69,10 @@ type serviceAccountTokens struct {
 	keys   jose.JSONWebKeySet
 }
 
+// keyFetchTimeout bounds one fetch of the issuer and its keys; a request
+// with an unknown key id may wait for it.
+const keyFetchTimeout = 5 * time.Second
+
 // minKeyRefresh is the shortest time between two key-set fetches caused by
 // unknown key ids.
 const minKeyRefresh = 10 * time.Second
@@ -99,7 +103,7 @@ func (s *serviceAccountTokens) run(ctx context.Context, interval time.Duration, 
 // refresh fetches the issuer and its key set, one fetch at a time.
 func (s *serviceAccountTokens) refresh(ctx context.Context) error {
 	_, err, _ := s.flights.Do("refresh", func() (any, error) {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keyFetchTimeout)
 		defer cancel()
 		raw, err := s.client.Get().AbsPath("/.well-known/openid-configuration").Do(fctx).Raw()
 		if err != nil {
