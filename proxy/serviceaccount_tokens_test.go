@@ -110,14 +110,14 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 		at    time.Time
 		want  serviceAccountVerdict
 	}{
-		"not a JWT is reviewed":                               {token: "abc.def", at: t0, want: notLocal},
-		"garbage with two dots is reviewed":                   {token: "a.b.c", at: t0, want: notLocal},
-		"a bad signature with a known key is forged":          {token: good[:len(good)-4] + "AAAA", at: t0, want: forged},
+		"not a JWT is reviewed":                              {token: "abc.def", at: t0, want: notLocal},
+		"garbage with two dots is reviewed":                  {token: "a.b.c", at: t0, want: notLocal},
+		"a bad signature with a known key is forged":         {token: good[:len(good)-4] + "AAAA", at: t0, want: forged},
 		"signed by another key under a known key id: forged": {token: saToken(t, other, "k1", testIssuer, testIssuer, exp), at: t0, want: forged},
-		"another issuer is reviewed":                          {token: saToken(t, key, "k1", "https://elsewhere", "https://elsewhere", exp), at: t0, want: notLocal},
-		"another audience is reviewed":                        {token: saToken(t, key, "k1", testIssuer, "vault", exp), at: t0, want: notLocal},
-		"an expired token is left to the API server":          {token: good, at: exp.Add(time.Second), want: notLocal},
-		"a token not valid yet is left to the API server":     {token: good, at: t0.Add(-time.Second), want: notLocal},
+		"another issuer is reviewed":                         {token: saToken(t, key, "k1", "https://elsewhere", "https://elsewhere", exp), at: t0, want: notLocal},
+		"another audience is reviewed":                       {token: saToken(t, key, "k1", testIssuer, "vault", exp), at: t0, want: notLocal},
+		"an expired token is left to the API server":         {token: good, at: exp.Add(time.Second), want: notLocal},
+		"a token not valid yet is left to the API server":    {token: good, at: t0.Add(-time.Second), want: notLocal},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, v := sa.verify(ctx, tc.token, tc.at); v != tc.want {
