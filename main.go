@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -58,6 +59,17 @@ type options struct {
 	upstreamTimeout    time.Duration
 	shutdownGrace      time.Duration
 
+	// Security knobs of the proxy (docs/operators.md, "Security model").
+	maxHeaderBytes              int
+	reviewFailurePolicy         string
+	reviewTimeout               time.Duration
+	tokenReviewsPerClient       float64
+	tokenReviewClientBurst      int
+	impersonationReviewsPerCall float64
+	impersonationReviewBurst    int
+	localServiceAccountTokens   bool
+	serviceAccountAudiences     string
+
 	zap zap.Options
 }
 
@@ -73,6 +85,19 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status. Default $POD_NAME, else the host name.")
 	fs.StringVar(&o.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of this replica. Default $POD_NAMESPACE.")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-check-timeout", 15*time.Second, "How long to wait for the API server at start-up before giving up (1s–5m).")
+	fs.IntVar(&o.maxHeaderBytes, "max-header-bytes", proxy.DefaultMaxHeaderBytes, "Largest request header block the proxy reads, in bytes (larger: 431). "+
+		"Default 64 KiB: a service-account token is ~1 KiB, an OIDC token a few KiB, an agent impersonating a user in 200 groups ~15 KiB; "+
+		"Go's and kube-apiserver's 1 MiB would let each slow connection pin 1 MiB (1,000 of them: over the chart's 512 Mi limit).")
+	fs.StringVar(&o.reviewFailurePolicy, "review-failure-policy", string(proxy.FailClosed), "What a request gets when its TokenReview or impersonation SubjectAccessReview fails or times out: "+
+		"Closed (503 with Retry-After) or Open (forwarded; the API server still authenticates it; charged to system:watchgate:unreviewed, or to the caller for a failed impersonation check).")
+	fs.DurationVar(&o.reviewTimeout, "review-timeout", 10*time.Second, "Longest wait for one TokenReview or SubjectAccessReview.")
+	fs.Float64Var(&o.tokenReviewsPerClient, "token-reviews-per-client-per-second", 5, "TokenReviews per second each client address may cause (its own bucket, before the shared --reviews limit).")
+	fs.IntVar(&o.tokenReviewClientBurst, "token-review-client-burst", 20, "Burst of --token-reviews-per-client-per-second.")
+	fs.Float64Var(&o.impersonationReviewsPerCall, "impersonation-reviews-per-caller-per-second", 20, "Impersonation SubjectAccessReviews per second each caller may cause; callers allowed an impersonation in the last 10 minutes use only this bucket.")
+	fs.IntVar(&o.impersonationReviewBurst, "impersonation-review-caller-burst", 200, "Burst of --impersonation-reviews-per-caller-per-second.")
+	fs.BoolVar(&o.localServiceAccountTokens, "local-service-account-tokens", true, "Verify the API server's service-account JWTs locally against its published keys (/openid/v1/jwks) instead of with a TokenReview. "+
+		"Only whose budget a request spends depends on it: the API server authenticates every forwarded request itself.")
+	fs.StringVar(&o.serviceAccountAudiences, "service-account-audiences", "", "Comma-separated audiences a locally verified service-account token must name one of. Empty: the issuer (kube-apiserver's default --api-audiences). Other tokens are reviewed.")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
 	o.zap.BindFlags(fs)
 }
@@ -238,6 +263,16 @@ func run(ctx context.Context, args []string) error {
 		Engine:              engine,
 		Logger:              ctrl.Log.WithName("proxy"),
 		ShutdownGracePeriod: o.shutdownGrace,
+
+		MaxHeaderBytes:                         o.maxHeaderBytes,
+		ReviewFailurePolicy:                    proxy.ReviewFailurePolicy(o.reviewFailurePolicy),
+		ReviewTimeout:                          o.reviewTimeout,
+		TokenReviewsPerClientPerSecond:         o.tokenReviewsPerClient,
+		TokenReviewClientBurst:                 o.tokenReviewClientBurst,
+		ImpersonationReviewsPerCallerPerSecond: o.impersonationReviewsPerCall,
+		ImpersonationReviewCallerBurst:         o.impersonationReviewBurst,
+		LocalServiceAccountTokens:              &o.localServiceAccountTokens,
+		ServiceAccountAudiences:                splitList(o.serviceAccountAudiences),
 	})
 	if err != nil {
 		return fmt.Errorf("set up proxy: %w", err)
@@ -251,4 +286,15 @@ func run(ctx context.Context, args []string) error {
 
 	log.Info("Starting watchgate", "version", version, "proxy", o.proxyBindAddress, "upstream", cfg.Host, "pod", o.podName)
 	return mgr.Start(ctx)
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

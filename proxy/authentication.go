@@ -5,12 +5,11 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -19,36 +18,77 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	"k8s.io/utils/clock"
 )
 
 // maxTokenBytes bounds a bearer token; longer ones are rejected unreviewed.
+// Service-account tokens are about 1 KiB, OIDC tokens a few KiB.
 const maxTokenBytes = 16 << 10
 
+// ReviewFailurePolicy says what the proxy does with a request whose token
+// or impersonation it cannot review because the API server's TokenReview
+// or SubjectAccessReview failed or took longer than ReviewTimeout.
+type ReviewFailurePolicy string
+
+const (
+	// FailClosed answers 503 ServiceUnavailable with a Status and
+	// Retry-After; nothing is forwarded. The default.
+	FailClosed ReviewFailurePolicy = "Closed"
+	// FailOpen forwards the request (the API server still authenticates
+	// and authorizes it with the caller's own credentials) and charges it
+	// to an identity the caller cannot otherwise spend: a token that could
+	// not be reviewed is charged to the user system:watchgate:unreviewed
+	// (group system:watchgate:unreviewed, impersonation headers ignored);
+	// an impersonation that could not be checked is charged to the caller
+	// itself. Throttled reviews (the proxy's own flood protection) are
+	// 429 in both policies.
+	FailOpen ReviewFailurePolicy = "Open"
+)
+
+// unreviewedCaller is whom FailOpen charges for a token it could not
+// review. "system:" names are reserved for Kubernetes itself.
+var unreviewedCaller = &user.DefaultInfo{Name: "system:watchgate:unreviewed", Groups: []string{"system:watchgate:unreviewed"}}
+
 // withAuthentication admits only requests that carry a bearer token auth
-// accepts, and leaves the caller's user.Info in the context. No token or a
-// bad one gets 401 without forwarding; a token that could not be reviewed
-// (reviews throttled, API server unreachable) gets 429 or 503 with
-// Retry-After, which client-go retries. The Authorization header is left
-// untouched: the API server checks the token again on the forwarded request.
-func withAuthentication(auth authenticator.Token, log *sampledLogger, next http.Handler) http.Handler {
+// accepts, and leaves the caller's user.Info in the context. The token is
+// read as kube-apiserver reads it (requestToken); credentials the proxy
+// and the API server could read differently get 400. No token or a bad
+// one gets 401 without forwarding; a token that could not be reviewed
+// because reviews are throttled gets 429, because the review failed 503,
+// both with Retry-After, which client-go retries (or, with FailOpen, the
+// request is forwarded as unreviewedCaller). The client's address is the
+// requester whose review budget a TokenReview spends. The Authorization
+// header is left untouched: the API server checks the token again on the
+// forwarded request.
+func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, log *sampledLogger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := bearerToken(r.Header)
-		if !ok {
+		token, err := requestToken(r.Header)
+		switch {
+		case errors.Is(err, errAmbiguousCredentials):
+			credentialsRefused.WithLabelValues("ambiguous").Inc()
+			writeStatus(w, r, apierrors.NewBadRequest("the request's credential headers could be read in more than one way "+
+				"(a bearer token and a WebSocket token, or a Connection header naming a credential header)"))
+			return
+		case err != nil:
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		resp, ok, err := auth.AuthenticateToken(r.Context(), token)
+		ctx := withReviewRequester(r.Context(), clientAddress(r))
+		resp, ok, err := auth.AuthenticateToken(ctx, token)
 		switch {
 		case errors.Is(err, errReviewsThrottled):
 			writeStatus(w, r, apierrors.NewTooManyRequests("too many new tokens to review, please try again later", 1))
 			return
 		case r.Context().Err() != nil:
 			return // the client left
+		case err != nil && policy == FailOpen:
+			log.Info("Cannot review token; forwarding as unreviewed (fail open)", "err", err.Error())
+			reviewFailOpen.WithLabelValues("token").Inc()
+			next.ServeHTTP(w, r.WithContext(withCaller(r.Context(), unreviewedCaller)))
+			return
 		case err != nil:
 			log.Info("Cannot review token", "err", err.Error())
-			e := apierrors.NewServiceUnavailable("authentication is unavailable, please try again later")
-			e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
-			writeStatus(w, r, e)
+			writeStatus(w, r, reviewUnavailable("authentication"))
 			return
 		case !ok || resp == nil || resp.User == nil:
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
@@ -58,40 +98,49 @@ func withAuthentication(auth authenticator.Token, log *sampledLogger, next http.
 	})
 }
 
-// webSocketTokenPrefix marks the WebSocket subprotocol that carries a
-// bearer token for browsers, which cannot set Authorization on a WebSocket
-// (as kube-apiserver's pkg/authentication/request/websocket).
-const webSocketTokenPrefix = "base64url.bearer.authorization.k8s.io."
-
-// bearerToken returns the token of an "Authorization: Bearer <token>"
-// header or, for a WebSocket upgrade without one, of the
-// base64url.bearer.authorization.k8s.io.<token> subprotocol. Both headers
-// are forwarded unchanged.
-func bearerToken(h http.Header) (string, bool) {
-	var token string
-	if scheme, t, ok := strings.Cut(strings.TrimSpace(h.Get("Authorization")), " "); ok && strings.EqualFold(scheme, "bearer") {
-		token = strings.TrimSpace(t)
-	} else if h.Get("Authorization") == "" && strings.EqualFold(h.Get("Upgrade"), "websocket") {
-		token = webSocketToken(h.Values("Sec-WebSocket-Protocol"))
-	}
-	if token == "" || len(token) > maxTokenBytes {
-		return "", false
-	}
-	return token, true
+// reviewUnavailable is the fail-closed answer when a review failed: 503
+// with Retry-After.
+func reviewUnavailable(what string) *apierrors.StatusError {
+	e := apierrors.NewServiceUnavailable(what + " is unavailable, please try again later")
+	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: reviewRetryAfterSeconds}
+	return e
 }
 
-func webSocketToken(protocols []string) string {
-	for _, list := range protocols {
-		for _, p := range strings.Split(list, ",") {
-			if enc, ok := strings.CutPrefix(strings.TrimSpace(p), webSocketTokenPrefix); ok {
-				if raw, err := base64.RawURLEncoding.DecodeString(enc); err == nil {
-					return string(raw)
-				}
-				return ""
-			}
-		}
+// reviewRetryAfterSeconds is the Retry-After of a failed review.
+const reviewRetryAfterSeconds = 1
+
+// clientAddress is the IP the request came from, without port: the
+// requester of its TokenReviews. Forwarding headers are not trusted.
+func clientAddress(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
 	}
-	return ""
+	if len(r.RemoteAddr) > 64 {
+		return r.RemoteAddr[:64]
+	}
+	return r.RemoteAddr
+}
+
+// localThenReviewed verifies service-account tokens locally (local may be
+// nil) and hands every other token to reviewed: a validly signed
+// service-account token needs no TokenReview, and a forged one is 401
+// without one.
+func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token, clk clock.PassiveClock) authenticator.Token {
+	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
+		if local != nil {
+			u, verdict := local.verify(ctx, token, clk.Now())
+			switch verdict {
+			case validServiceAccount:
+				localVerifications.WithLabelValues("valid").Inc()
+				return &authenticator.Response{User: u}, true, nil
+			case forged:
+				localVerifications.WithLabelValues("forged").Inc()
+				return nil, false, nil
+			}
+			localVerifications.WithLabelValues("reviewed").Inc()
+		}
+		return reviewed.AuthenticateToken(ctx, token)
+	})
 }
 
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
@@ -136,7 +185,7 @@ func cachedTokens(inner authenticator.Token, cache *reviewCache, ttl, negativeTT
 		mac := hmac.New(sha256.New, hmacKey)
 		mac.Write([]byte(token))
 		key := hex.EncodeToString(mac.Sum(nil))
-		v, err := cache.get(ctx, key, func(ctx context.Context) (any, time.Duration, error) {
+		v, err := cache.get(ctx, key, reviewRequesterFrom(ctx), false, func(ctx context.Context) (any, time.Duration, error) {
 			resp, ok, err := inner.AuthenticateToken(ctx, token)
 			switch {
 			case err != nil:

@@ -43,13 +43,14 @@ func TestAuthentication(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(tc.auth, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := withAuthentication(tc.auth, FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				u, _ := callerFrom(r.Context())
 				got = u.GetName()
 			}))
 			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
 			if proto, ok := strings.CutPrefix(tc.header, "ws:"); ok {
 				req.Header.Set("Upgrade", "websocket")
+				req.Header.Set("Connection", "Upgrade")
 				req.Header.Set("Sec-WebSocket-Protocol", "v4.channel.k8s.io, "+proto)
 			} else if tc.header != "" {
 				req.Header.Set("Authorization", tc.header)
@@ -101,7 +102,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a good and a bad token are each reviewed once per TTL", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0)
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 10, 4, clk), time.Minute, 10*time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), time.Minute, 10*time.Second)
 		for range 5 {
 			if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
 				t.Fatalf("good token: %v %v", ok, err)
@@ -124,7 +125,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a flood of random tokens costs at most the review burst", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 20, 4, clk), time.Minute, 10*time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), time.Minute, 10*time.Second)
 		throttled := 0
 		for i := range 1000 {
 			_, ok, err := auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
@@ -142,7 +143,7 @@ func TestTokenCache(t *testing.T) {
 
 	t.Run("concurrent requests with one token share one review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
-		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 10, 4, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
 		var wg sync.WaitGroup
 		for range 10 {
 			wg.Go(func() {
@@ -162,7 +163,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a caller that leaves does not wait for the review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
 		defer close(inner.release)
-		auth := cachedTokens(inner, newReviewCache("token", 100, 10, 10, 4, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 		defer cancel()
 		if _, _, err := auth.AuthenticateToken(cctx, "good"); !errors.Is(err, context.DeadlineExceeded) {

@@ -5,11 +5,15 @@
 // A request goes through a chain of filters, each shaped
 // func(deps…, next http.Handler) http.Handler and built once by NewServer:
 //
-//	withAuthentication  bearer token → TokenReview (cached, bounded, throttled); 401 without forwarding
-//	withIdentity        Impersonate-* headers → the budget identity, only when a
-//	                    SubjectAccessReview (cached) says the caller may impersonate
+//	withAuthentication  bearer token, read as kube-apiserver reads it (headers.go; 400 where the two
+//	                    could differ) → service-account JWTs verified locally against the API
+//	                    server's published keys (serviceaccount_tokens.go), every other token by
+//	                    TokenReview (cached, fair per client address, bounded); 401 without forwarding
 //	withClassification  RequestInfoFactory: watch (?watch=true and /watch/ paths), list,
 //	                    group/resource/namespace/name, selectors, resourceVersion, …
+//	withBudgetIdentity  only for what a budget decides: Impersonate-* headers → the budget
+//	                    identity, when a SubjectAccessReview (cached, fair per caller) says the
+//	                    caller may impersonate
 //	withAdmission       engine.Decide: stale version → 200 with one ERROR/410 event in
 //	                    the client's framing; over budget → 429 Status + Retry-After after
 //	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
@@ -41,6 +45,11 @@
 // watchgate_proxy_decision_duration_seconds{verb},
 // watchgate_proxy_review_cache_lookups_total{review,result},
 // watchgate_proxy_reviews_throttled_total{review},
+// watchgate_proxy_reviews_sent_total{review}, watchgate_proxy_reviews_failed_total{review},
+// watchgate_proxy_review_fail_open_total{review},
+// watchgate_proxy_local_token_verifications_total{result},
+// watchgate_proxy_service_account_key_refreshes_total{result},
+// watchgate_proxy_credentials_refused_total{reason},
 // watchgate_proxy_logs_suppressed_total.
 //
 // Server is a controller-runtime Runnable that runs on every replica. On

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -13,7 +14,9 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -29,26 +32,50 @@ import (
 // answers 403 itself. So no caller can spend or enlarge another identity's
 // budget with headers it may not use.
 //
+// It runs after classification, and reviews only requests a budget
+// decides (watches and lists of resources): /version, gets, writes and
+// everything else pass without a SubjectAccessReview. Impersonation
+// headers kube-apiserver refuses with 400 (groups, extras or a UID without
+// a user) get 400 here. When the reviews are throttled the request gets
+// 429; when they fail, 503 (FailClosed) or it is charged to the caller
+// (FailOpen) — never to the impersonated user.
+//
 // Only the classic "impersonate" verb is checked; a caller allowed only
 // constrained impersonation is charged in its own name.
-func withBudgetIdentity(auth authorizer.Authorizer, log *sampledLogger, next http.Handler) http.Handler {
+func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, log *sampledLogger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller, ok := callerFrom(r.Context())
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
 		}
-		target, checks := impersonationRequest(caller, r.Header)
-		if target == nil {
+		target, checks, err := impersonationRequest(caller, r.Header)
+		if err != nil {
+			writeStatus(w, r, apierrors.NewBadRequest(err.Error()))
+			return
+		}
+		if c, ok := classificationFrom(r.Context()); target == nil || caller == unreviewedCaller || !ok || c.Verb == 0 {
 			next.ServeHTTP(w, r)
 			return
 		}
 		for _, attrs := range checks {
 			decision, _, err := auth.Authorize(r.Context(), attrs)
-			if err != nil || decision != authorizer.DecisionAllow {
-				if err != nil {
-					log.Info("Cannot check impersonation; charging the caller", "caller", caller.GetName(), "err", err.Error())
-				}
+			switch {
+			case errors.Is(err, errReviewsThrottled):
+				writeStatus(w, r, apierrors.NewTooManyRequests("too many impersonation checks, please try again later", 1))
+				return
+			case r.Context().Err() != nil:
+				return // the client left
+			case err != nil && policy == FailOpen:
+				log.Info("Cannot check impersonation; charging the caller (fail open)", "caller", caller.GetName(), "err", err.Error())
+				reviewFailOpen.WithLabelValues("impersonation").Inc()
+				next.ServeHTTP(w, r)
+				return
+			case err != nil:
+				log.Info("Cannot check impersonation", "caller", caller.GetName(), "err", err.Error())
+				writeStatus(w, r, reviewUnavailable("the impersonation check"))
+				return
+			case decision != authorizer.DecisionAllow:
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -58,12 +85,16 @@ func withBudgetIdentity(auth authorizer.Authorizer, log *sampledLogger, next htt
 }
 
 // impersonationRequest returns the user the headers ask to act as and the
-// checks that must all pass, or nil when the headers ask for nothing or for
-// something kube-apiserver refuses outright (groups without a user).
-func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authorizer.Attributes) {
+// checks that must all pass, as kube-apiserver's WithImpersonation builds
+// them; nil when the headers ask for nothing; an error where kube-apiserver
+// answers 400 (groups, extras or a UID without a user).
+func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authorizer.Attributes, error) {
 	name := h.Get(authenticationv1.ImpersonateUserHeader)
 	if name == "" {
-		return nil, nil
+		if len(h[authenticationv1.ImpersonateGroupHeader]) > 0 || h.Get(authenticationv1.ImpersonateUIDHeader) != "" || hasExtraHeader(h) {
+			return nil, nil, errors.New("impersonation of groups, extras or a UID requires impersonating a user")
+		}
+		return nil, nil, nil
 	}
 	check := func(group, resource, subresource, namespace, name string) authorizer.Attributes {
 		return &authorizer.AttributesRecord{
@@ -73,7 +104,7 @@ func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authori
 	}
 	target := &user.DefaultInfo{Name: name}
 	var checks []authorizer.Attributes
-	groupsSpecified := len(h.Values(authenticationv1.ImpersonateGroupHeader)) > 0
+	groupsSpecified := len(h[authenticationv1.ImpersonateGroupHeader]) > 0
 	if ns, sa, err := serviceaccount.SplitUsername(name); err == nil {
 		checks = append(checks, check("", "serviceaccounts", "", ns, sa))
 		if !groupsSpecified {
@@ -82,7 +113,7 @@ func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authori
 	} else {
 		checks = append(checks, check("", "users", "", "", name))
 	}
-	for _, g := range h.Values(authenticationv1.ImpersonateGroupHeader) {
+	for _, g := range h[authenticationv1.ImpersonateGroupHeader] {
 		checks = append(checks, check("", "groups", "", "", g))
 		target.Groups = append(target.Groups, g)
 	}
@@ -115,7 +146,16 @@ func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authori
 	} else if !slices.Contains(target.Groups, user.AllUnauthenticated) {
 		target.Groups = append(target.Groups, user.AllUnauthenticated)
 	}
-	return target, checks
+	return target, checks, nil
+}
+
+func hasExtraHeader(h http.Header) bool {
+	for header := range h {
+		if strings.HasPrefix(header, authenticationv1.ImpersonateUserExtraHeaderPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
@@ -154,10 +194,17 @@ type authorizerAnswer struct {
 }
 
 // cachedAuthorizer wraps an authorizer with a reviewCache keyed by the
-// user's full identity and the attributes checked.
-func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
+// user's full identity and the attributes checked. Each caller (the
+// attributes' user) spends its own review budget; callers that were
+// allowed to impersonate within the last knownImpersonatorTTL skip the
+// shared bucket (fairReviews), so a flood from callers without rights
+// cannot starve an authorised agent's checks. known holds those callers,
+// by hash, bounded in count.
+func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
 	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
-		v, err := cache.get(ctx, attributesKey(a), func(ctx context.Context) (any, time.Duration, error) {
+		requester := reviewerKeyOf(a.GetUser())
+		_, privileged := known.Get(requester)
+		v, err := cache.get(ctx, attributesKey(a), requester, privileged, func(ctx context.Context) (any, time.Duration, error) {
 			d, reason, err := inner.Authorize(ctx, a)
 			if err != nil {
 				return nil, 0, err
@@ -171,8 +218,24 @@ func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, ttl, nega
 			return authorizer.DecisionNoOpinion, "", err
 		}
 		ans := v.(authorizerAnswer)
+		if ans.decision == authorizer.DecisionAllow {
+			known.Add(requester, struct{}{}, knownImpersonatorTTL)
+		}
 		return ans.decision, ans.reason, nil
 	})
+}
+
+// knownImpersonatorTTL is how long a caller that was allowed an
+// impersonation keeps its privileged review budget.
+const knownImpersonatorTTL = 10 * time.Minute
+
+// reviewerKeyOf identifies a caller by a hash of its name and UID.
+func reviewerKeyOf(u user.Info) string {
+	h := sha256.New()
+	h.Write([]byte(u.GetName()))
+	h.Write([]byte{0})
+	h.Write([]byte(u.GetUID()))
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // attributesKey hashes everything a SubjectAccessReview depends on.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -20,6 +21,9 @@ func TestBudgetIdentity(t *testing.T) {
 		caller     user.Info
 		headers    map[string][]string
 		auth       authorizer.Authorizer
+		policy     ReviewFailurePolicy
+		path       string // default a watch of pods
+		wantCode   int    // default 200
 		wantUser   string
 		wantGroups []string
 	}{
@@ -46,14 +50,41 @@ func TestBudgetIdentity(t *testing.T) {
 			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Extra-Scopes": {"admin"}},
 			wantUser: agent.Name, wantGroups: agent.Groups,
 		},
-		"groups without a user are refused by the API server; the caller is charged": {
-			caller: agent, headers: map[string][]string{"Impersonate-Group": {"dev"}},
-			wantUser: agent.Name, wantGroups: agent.Groups,
+		"groups without a user are refused with 400, as by the API server": {
+			caller: agent, headers: map[string][]string{"Impersonate-Group": {"dev"}}, wantCode: 400,
 		},
-		"a failing review keeps the caller charged": {
+		"a failing review fails closed with 503": {
 			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				return authorizer.DecisionAllow, "", errors.New("unreachable")
+			}),
+			wantCode: 503,
+		},
+		"a failing review with FailOpen charges the caller, never the impersonated user": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, policy: FailOpen,
+			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+				return authorizer.DecisionAllow, "", errors.New("unreachable")
+			}),
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+		"throttled reviews get 429": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+				return authorizer.DecisionNoOpinion, "", errReviewsThrottled
+			}),
+			wantCode: 429,
+		},
+		"a request no budget decides needs no review": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/version",
+			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+				panic("reviewed")
+			}),
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+		"a get of one object needs no review": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/api/v1/namespaces/a/pods/b",
+			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+				panic("reviewed")
 			}),
 			wantUser: agent.Name, wantGroups: agent.Groups,
 		},
@@ -63,18 +94,37 @@ func TestBudgetIdentity(t *testing.T) {
 			if auth == nil {
 				auth = testImpersonation
 			}
+			policy := tc.policy
+			if policy == "" {
+				policy = FailClosed
+			}
+			path := tc.path
+			if path == "" {
+				path = "/api/v1/pods?watch=true"
+			}
+			wantCode := tc.wantCode
+			if wantCode == 0 {
+				wantCode = 200
+			}
 			var got user.Info
-			h := withBudgetIdentity(auth, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := withClassification(newRequestInfoFactory(), withBudgetIdentity(auth, policy, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				got, _ = identityFrom(r.Context())
-			}))
-			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+			})))
+			req := httptest.NewRequest(http.MethodGet, path, nil)
 			for k, vs := range tc.headers {
 				for _, v := range vs {
 					req.Header.Add(k, v)
 				}
 			}
 			before := req.Header.Clone()
-			h.ServeHTTP(httptest.NewRecorder(), req.WithContext(withCaller(req.Context(), tc.caller)))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req.WithContext(withCaller(req.Context(), tc.caller)))
+			if rec.Code != wantCode {
+				t.Fatalf("HTTP %d %s, want %d", rec.Code, rec.Body, wantCode)
+			}
+			if wantCode != 200 {
+				return
+			}
 			if got == nil || got.GetName() != tc.wantUser || !slices.Equal(got.GetGroups(), tc.wantGroups) {
 				t.Fatalf("identity = %v, want %s %v", got, tc.wantUser, tc.wantGroups)
 			}
@@ -86,7 +136,7 @@ func TestBudgetIdentity(t *testing.T) {
 }
 
 func TestImpersonatingAServiceAccountChecksServiceAccounts(t *testing.T) {
-	target, checks := impersonationRequest(agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
+	target, checks, _ := impersonationRequest(agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
 	if len(checks) != 1 || checks[0].GetResource() != "serviceaccounts" || checks[0].GetNamespace() != "ns1" || checks[0].GetName() != "sa1" {
 		t.Fatalf("checks = %+v, want impersonate serviceaccounts ns1/sa1", checks)
 	}
@@ -103,7 +153,7 @@ func TestImpersonationCache(t *testing.T) {
 		return testImpersonation.Authorize(ctx, a)
 	})
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	auth := cachedAuthorizer(inner, newReviewCache("impersonation", 100, 10, 10, 4, clk), time.Minute, 10*time.Second)
+	auth := cachedAuthorizer(inner, newReviewCache("impersonation", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), utilcache.NewLRUExpireCacheWithClock(100, clk), time.Minute, 10*time.Second)
 	check := func(caller user.Info, name string) authorizer.Decision {
 		d, _, err := auth.Authorize(context.Background(), &authorizer.AttributesRecord{User: caller, Verb: "impersonate", Resource: "users", Name: name, ResourceRequest: true})
 		if err != nil {

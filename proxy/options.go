@@ -20,6 +20,9 @@ type Engine interface {
 	Sweep(now time.Time) (evicted int)
 }
 
+// DefaultMaxHeaderBytes is Options.MaxHeaderBytes's default, 64 KiB.
+const DefaultMaxHeaderBytes = 64 << 10
+
 // Options configure a Server. Zero durations and sizes take the defaults
 // named on each field; negative ones are invalid.
 type Options struct {
@@ -44,7 +47,13 @@ type Options struct {
 	// ReadHeaderTimeout bounds how long a client may take to send request
 	// headers; default 10s.
 	ReadHeaderTimeout time.Duration
-	// MaxHeaderBytes bounds request headers; default 1 MiB.
+	// MaxHeaderBytes bounds a request's header block (names, values and
+	// the request line; over HTTP/2 the header list); default 64 KiB.
+	// Real clients need a few KiB: a service-account token is ~1 KiB, an
+	// OIDC token a few KiB, an agent impersonating a user in 200 groups
+	// ~15 KiB. Go's and kube-apiserver's own 1 MiB lets every slow or
+	// hostile connection pin up to 1 MiB; Envoy's default is 60 KiB,
+	// nginx's 32 KiB. Larger headers get 431.
 	MaxHeaderBytes int
 	// MaxConcurrentStreams is the HTTP/2 stream limit per client
 	// connection (each watch is a stream); default 1000, like kube-apiserver.
@@ -70,6 +79,44 @@ type Options struct {
 	ReviewsPerSecond     float64
 	ReviewBurst          int
 	MaxConcurrentReviews int
+	// TokenReviewsPerClientPerSecond and TokenReviewClientBurst are each
+	// client address's own TokenReview bucket, taken before the shared
+	// one, so that one client flooding random tokens spends at most this
+	// rate of the shared budget; defaults 5 and 20.
+	TokenReviewsPerClientPerSecond float64
+	TokenReviewClientBurst         int
+	// ImpersonationReviewsPerCallerPerSecond and
+	// ImpersonationReviewCallerBurst are each caller's own
+	// SubjectAccessReview bucket; defaults 20 and 200 (an agent that
+	// impersonates a user checks the user, each group and each extra).
+	// Callers allowed an impersonation in the last 10 minutes use only
+	// their own bucket, so others cannot starve them.
+	ImpersonationReviewsPerCallerPerSecond float64
+	ImpersonationReviewCallerBurst         int
+	// ReviewRequestersTracked bounds the per-client and per-caller review
+	// buckets kept (LRU, each); default 4096.
+	ReviewRequestersTracked int
+	// ReviewTimeout bounds one TokenReview or SubjectAccessReview; default
+	// 10s. ReviewFailurePolicy says what a request gets when its review
+	// fails or times out: FailClosed (default, 503 with Retry-After) or
+	// FailOpen (see FailOpen for whom it is charged to).
+	ReviewTimeout       time.Duration
+	ReviewFailurePolicy ReviewFailurePolicy
+
+	// LocalServiceAccountTokens verifies the API server's service-account
+	// JWTs locally against its published keys instead of with a
+	// TokenReview (default true; see serviceAccountTokens). Only the
+	// budget identity depends on it: the API server authenticates every
+	// forwarded request itself. Nil means true.
+	LocalServiceAccountTokens *bool
+	// ServiceAccountAudiences are the audiences a locally verified token
+	// must name one of; default the issuer (kube-apiserver's default
+	// --api-audiences). Tokens for other audiences are reviewed.
+	ServiceAccountAudiences []string
+	// ServiceAccountKeysRefreshInterval is how often the issuer's keys are
+	// fetched again; default 5m. Unknown key ids fetch them too, at most
+	// once per 10s.
+	ServiceAccountKeysRefreshInterval time.Duration
 
 	// MaxRejectDelay bounds how long a rejected request waits before its
 	// answer (the engine's retry-after, capped), so that clients retrying at
@@ -95,6 +142,9 @@ type Options struct {
 
 	// Clock is the time source for decisions; default the real clock.
 	Clock clock.Clock
+	// Reviews is the API server the proxy's own TokenReviews,
+	// SubjectAccessReviews and key fetches go to; default Upstream.
+	Reviews *rest.Config
 }
 
 // Validate reports every problem with the options at once.
@@ -120,26 +170,42 @@ func (o *Options) Validate() error {
 		"shutdownGracePeriod":           o.ShutdownGracePeriod,
 		"sweepInterval":                 o.SweepInterval,
 		"upstreamProbeInterval":         o.UpstreamProbeInterval,
+		"reviewTimeout":                 o.ReviewTimeout,
+		"serviceAccountKeysRefresh":     o.ServiceAccountKeysRefreshInterval,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, d))
 		}
 	}
 	for name, n := range map[string]int{
-		"maxHeaderBytes":         o.MaxHeaderBytes,
-		"maxConcurrentStreams":   o.MaxConcurrentStreams,
-		"tokenCacheSize":         o.TokenCacheSize,
-		"impersonationCacheSize": o.ImpersonationCacheSize,
-		"reviewBurst":            o.ReviewBurst,
-		"maxConcurrentReviews":   o.MaxConcurrentReviews,
-		"maxDelayedRejections":   o.MaxDelayedRejections,
+		"maxHeaderBytes":                 o.MaxHeaderBytes,
+		"maxConcurrentStreams":           o.MaxConcurrentStreams,
+		"tokenCacheSize":                 o.TokenCacheSize,
+		"impersonationCacheSize":         o.ImpersonationCacheSize,
+		"reviewBurst":                    o.ReviewBurst,
+		"maxConcurrentReviews":           o.MaxConcurrentReviews,
+		"maxDelayedRejections":           o.MaxDelayedRejections,
+		"tokenReviewClientBurst":         o.TokenReviewClientBurst,
+		"impersonationReviewCallerBurst": o.ImpersonationReviewCallerBurst,
+		"reviewRequestersTracked":        o.ReviewRequestersTracked,
 	} {
 		if n < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", name, n))
 		}
 	}
-	if o.ReviewsPerSecond < 0 {
-		errs = append(errs, fmt.Errorf("reviewsPerSecond: must not be negative, got %v", o.ReviewsPerSecond))
+	for name, f := range map[string]float64{
+		"reviewsPerSecond":                       o.ReviewsPerSecond,
+		"tokenReviewsPerClientPerSecond":         o.TokenReviewsPerClientPerSecond,
+		"impersonationReviewsPerCallerPerSecond": o.ImpersonationReviewsPerCallerPerSecond,
+	} {
+		if f < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, f))
+		}
+	}
+	switch o.ReviewFailurePolicy {
+	case "", FailClosed, FailOpen:
+	default:
+		errs = append(errs, fmt.Errorf("reviewFailurePolicy: must be %q or %q, got %q", FailClosed, FailOpen, o.ReviewFailurePolicy))
 	}
 	return errors.Join(errs...)
 }
@@ -160,7 +226,7 @@ func (o Options) complete() Options {
 		o.BindAddress = ":8443"
 	}
 	def(&o.ReadHeaderTimeout, 10*time.Second)
-	defInt(&o.MaxHeaderBytes, 1<<20)
+	defInt(&o.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	defInt(&o.MaxConcurrentStreams, 1000)
 	def(&o.TokenCacheTTL, 2*time.Minute)
 	def(&o.TokenCacheNegativeTTL, 10*time.Second)
@@ -173,6 +239,27 @@ func (o Options) complete() Options {
 	}
 	defInt(&o.ReviewBurst, 100)
 	defInt(&o.MaxConcurrentReviews, 16)
+	if o.TokenReviewsPerClientPerSecond == 0 {
+		o.TokenReviewsPerClientPerSecond = 5
+	}
+	defInt(&o.TokenReviewClientBurst, 20)
+	if o.ImpersonationReviewsPerCallerPerSecond == 0 {
+		o.ImpersonationReviewsPerCallerPerSecond = 20
+	}
+	defInt(&o.ImpersonationReviewCallerBurst, 200)
+	defInt(&o.ReviewRequestersTracked, 4096)
+	def(&o.ReviewTimeout, 10*time.Second)
+	if o.ReviewFailurePolicy == "" {
+		o.ReviewFailurePolicy = FailClosed
+	}
+	if o.LocalServiceAccountTokens == nil {
+		yes := true
+		o.LocalServiceAccountTokens = &yes
+	}
+	def(&o.ServiceAccountKeysRefreshInterval, 5*time.Minute)
+	if o.Reviews == nil {
+		o.Reviews = o.Upstream
+	}
 	def(&o.MaxRejectDelay, time.Second)
 	defInt(&o.MaxDelayedRejections, 4096)
 	def(&o.ShutdownDrainDelay, 5*time.Second)

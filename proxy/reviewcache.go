@@ -3,50 +3,56 @@ package proxy
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/lru"
 )
 
 // errReviewsThrottled means a review was needed but the review budget
-// (ReviewsPerSecond, MaxConcurrentReviews) is spent; the client gets 429.
+// (the requester's own bucket, the shared one, MaxConcurrentReviews) is
+// spent; the client gets 429.
 var errReviewsThrottled = errors.New("too many reviews in flight")
-
-// reviewTimeout bounds one review; the lookup is shared by every request
-// waiting for the same key, so it does not follow any one request's context.
-const reviewTimeout = 10 * time.Second
 
 // reviewCache remembers the answers of an expensive review (TokenReview,
 // SubjectAccessReview) by key: bounded (LRU), with a TTL per answer, one
-// review in flight per key (singleflight), and a token bucket plus a
-// concurrency cap on the reviews sent, so that a flood of distinct keys
-// cannot become a flood of reviews. It is safe for concurrent use.
+// review in flight per key (singleflight), and fair budgets on the reviews
+// sent (fairReviews), so that a flood of distinct keys from one requester
+// cannot become a flood of reviews nor spend another requester's reviews.
+// It is safe for concurrent use.
 type reviewCache struct {
 	kind    string // "token" or "impersonation", the metrics label
 	entries *utilcache.LRUExpireCache
 	flights singleflight.Group
-	limiter *rate.Limiter
+	budget  *fairReviews
 	slots   chan struct{}
 	clock   clock.PassiveClock
+	timeout time.Duration
 }
 
-func newReviewCache(kind string, size int, perSecond float64, burst, concurrent int, clk clock.PassiveClock) *reviewCache {
+func newReviewCache(kind string, size int, budget *fairReviews, concurrent int, timeout time.Duration, clk clock.PassiveClock) *reviewCache {
 	return &reviewCache{
 		kind:    kind,
 		entries: utilcache.NewLRUExpireCacheWithClock(size, clk),
-		limiter: rate.NewLimiter(rate.Limit(perSecond), burst),
+		budget:  budget,
 		slots:   make(chan struct{}, concurrent),
 		clock:   clk,
+		timeout: timeout,
 	}
 }
 
 // get returns the cached answer for key, or runs review once for every
 // caller asking for key at the same time and caches its answer for the TTL
-// it returns (0: not cached). Errors are never cached.
-func (c *reviewCache) get(ctx context.Context, key string, review func(context.Context) (any, time.Duration, error)) (any, error) {
+// it returns (0: not cached). A review is sent only when requester's
+// budget allows (see fairReviews.allow); privileged skips the shared
+// bucket. Errors are never cached. A review lasts at most the cache's
+// timeout; it is shared by every request waiting for the same key, so it
+// does not follow any one request's context.
+func (c *reviewCache) get(ctx context.Context, key, requester string, privileged bool, review func(context.Context) (any, time.Duration, error)) (any, error) {
 	if v, ok := c.entries.Get(key); ok {
 		reviewCacheLookups.WithLabelValues(c.kind, "hit").Inc()
 		return v, nil
@@ -56,11 +62,11 @@ func (c *reviewCache) get(ctx context.Context, key string, review func(context.C
 		if v, ok := c.entries.Get(key); ok {
 			return v, nil
 		}
-		if !c.limiter.AllowN(c.clock.Now(), 1) {
+		if !c.budget.allow(requester, privileged, c.clock.Now()) {
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
 			return nil, errReviewsThrottled
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 		defer cancel()
 		select {
 		case c.slots <- struct{}{}:
@@ -69,8 +75,10 @@ func (c *reviewCache) get(ctx context.Context, key string, review func(context.C
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
 			return nil, errReviewsThrottled
 		}
+		reviewsSent.WithLabelValues(c.kind).Inc()
 		v, ttl, err := review(rctx)
 		if err != nil {
+			reviewsFailed.WithLabelValues(c.kind).Inc()
 			return nil, err
 		}
 		if ttl > 0 {
@@ -84,4 +92,63 @@ func (c *reviewCache) get(ctx context.Context, key string, review func(context.C
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// fairReviews is the review budget: a token bucket per requester (a client
+// address for TokenReviews, a caller for SubjectAccessReviews) and one
+// shared bucket. A review needs a token from the requester's bucket first,
+// so a requester that floods empties only its own bucket and never the
+// shared one beyond its own rate; privileged requesters (callers already
+// known to be allowed to impersonate) skip the shared bucket, so no one
+// else can starve them. At most maxRequesters buckets are kept (LRU); a
+// requester pushed out starts again with a full bucket. The state per
+// requester is its key (bounded by the caller: an IP address or a hash) and
+// one rate.Limiter. It is safe for concurrent use.
+type fairReviews struct {
+	shared       *rate.Limiter
+	perSecond    rate.Limit
+	burst        int
+	mu           sync.Mutex
+	perRequester *lru.Cache
+}
+
+func newFairReviews(sharedPerSecond float64, sharedBurst int, perSecond float64, burst, maxRequesters int) *fairReviews {
+	return &fairReviews{
+		shared:       rate.NewLimiter(rate.Limit(sharedPerSecond), sharedBurst),
+		perSecond:    rate.Limit(perSecond),
+		burst:        burst,
+		perRequester: lru.New(maxRequesters),
+	}
+}
+
+// allow takes a token from requester's bucket and, unless privileged, one
+// from the shared bucket, at now.
+func (f *fairReviews) allow(requester string, privileged bool, now time.Time) bool {
+	f.mu.Lock()
+	var l *rate.Limiter
+	if v, ok := f.perRequester.Get(requester); ok {
+		l = v.(*rate.Limiter)
+	} else {
+		l = rate.NewLimiter(f.perSecond, f.burst)
+		f.perRequester.Add(requester, l)
+	}
+	f.mu.Unlock()
+	if !l.AllowN(now, 1) {
+		return false
+	}
+	return privileged || f.shared.AllowN(now, 1)
+}
+
+// requesterKey is the context key of the review requester.
+type requesterKey struct{}
+
+// withReviewRequester names whose review budget (fairReviews) the reviews
+// made for this request spend.
+func withReviewRequester(ctx context.Context, requester string) context.Context {
+	return context.WithValue(ctx, requesterKey{}, requester)
+}
+
+func reviewRequesterFrom(ctx context.Context) string {
+	s, _ := ctx.Value(requesterKey{}).(string)
+	return s
 }

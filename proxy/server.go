@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/client-go/kubernetes"
@@ -43,6 +44,10 @@ type Server struct {
 	// until the first probe.
 	upstreamMu  sync.Mutex
 	upstreamErr error
+
+	// saTokens verifies service-account tokens locally; nil when off.
+	saTokens *serviceAccountTokens
+	keyLogs  *sampledLogger
 }
 
 var (
@@ -61,14 +66,21 @@ func NewServer(opts Options) (*Server, error) {
 	o := opts.complete()
 	lg := o.Logger
 
-	// The proxy's own client: TokenReviews, SubjectAccessReviews, the
-	// readiness probe. Reviews are rate limited by reviewCache, so the
-	// client's own limiter is off.
-	own := rest.CopyConfig(o.Upstream)
+	// The proxy's own clients: TokenReviews, SubjectAccessReviews and
+	// service-account keys (Reviews), the readiness probe (Upstream).
+	// Reviews are rate limited by reviewCache, so the clients' own
+	// limiters are off.
+	own := rest.CopyConfig(o.Reviews)
 	own.QPS, own.Burst = -1, -1
 	client, err := kubernetes.NewForConfig(own)
 	if err != nil {
 		return nil, fmt.Errorf("proxy client: %w", err)
+	}
+	probeConfig := rest.CopyConfig(o.Upstream)
+	probeConfig.QPS, probeConfig.Burst = -1, -1
+	probe, err := kubernetes.NewForConfig(probeConfig)
+	if err != nil {
+		return nil, fmt.Errorf("proxy probe client: %w", err)
 	}
 	target, transport, err := upstreamTransport(o.Upstream)
 	if err != nil {
@@ -83,11 +95,21 @@ func NewServer(opts Options) (*Server, error) {
 	decisionLogs := newSampledLogger(lg.WithName("decisions"), 10, 50)
 	errorLog := log.New(logWriter{errorLogs}, "", 0)
 
-	tokens := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()),
-		newReviewCache("token", o.TokenCacheSize, o.ReviewsPerSecond, o.ReviewBurst, o.MaxConcurrentReviews, o.Clock),
+	reviewed := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()),
+		newReviewCache("token", o.TokenCacheSize,
+			newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked),
+			o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
 		o.TokenCacheTTL, o.TokenCacheNegativeTTL)
+	var saTokens *serviceAccountTokens
+	if *o.LocalServiceAccountTokens {
+		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock)
+	}
+	tokens := localThenReviewed(saTokens, reviewed, o.Clock)
 	impersonation := cachedAuthorizer(subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews()),
-		newReviewCache("impersonation", o.ImpersonationCacheSize, o.ReviewsPerSecond, o.ReviewBurst, o.MaxConcurrentReviews, o.Clock),
+		newReviewCache("impersonation", o.ImpersonationCacheSize,
+			newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked),
+			o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
+		utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock),
 		o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
 	watches := newOpenWatches()
 	adm := &admission{
@@ -95,20 +117,20 @@ func NewServer(opts Options) (*Server, error) {
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
 	}
 
-	h := chain(tokens, impersonation, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
-		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: client, errorLog: errorLog,
-		upstreamErr: errNotProbed,
+		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
+		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs,
 	}, nil
 }
 
-// chain builds the filter chain, once: authenticate, find the budget
-// identity, classify, admit, forward.
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
+// chain builds the filter chain, once: authenticate, classify, find the
+// budget identity (only for what a budget decides), admit, forward.
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
+	h = withBudgetIdentity(impersonation, policy, logs, h)
 	h = withClassification(newRequestInfoFactory(), h)
-	h = withBudgetIdentity(impersonation, logs, h)
-	return withAuthentication(tokens, logs, h)
+	return withAuthentication(tokens, policy, logs, h)
 }
 
 // NeedLeaderElection is false: every replica serves.
@@ -179,6 +201,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	wg.Go(func() { s.sweep(bg) })
 	wg.Go(func() { s.probeUpstream(bg) })
+	if s.saTokens != nil {
+		wg.Go(func() { s.saTokens.run(bg, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()

@@ -1,0 +1,46 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metrics of authentication and impersonation checks. No label holds a
+// user name, a token or a client address: every label is an enum.
+var (
+	reviewsSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_reviews_sent_total",
+		Help: "TokenReviews (review=token) and impersonation SubjectAccessReviews (review=impersonation) sent to the API server.",
+	}, []string{"review"})
+
+	reviewsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_reviews_failed_total",
+		Help: "Reviews sent that failed or timed out, by review (token, impersonation).",
+	}, []string{"review"})
+
+	reviewFailOpen = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_review_fail_open_total",
+		Help: "Requests forwarded although their review failed (--review-failure-policy=Open), by review (token, impersonation).",
+	}, []string{"review"})
+
+	localVerifications = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_local_token_verifications_total",
+		Help: "Bearer tokens by local service-account verification result: valid (no TokenReview), forged " +
+			"(the issuer's JWT with a bad signature, 401 without TokenReview), reviewed (not verifiable locally, TokenReview).",
+	}, []string{"result"})
+
+	keyRefreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_service_account_key_refreshes_total",
+		Help: "Fetches of the API server's service-account issuer keys (/openid/v1/jwks), by result (ok, error).",
+	}, []string{"result"})
+
+	credentialsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_credentials_refused_total",
+		Help: "Requests refused with 400 because the proxy and the API server could read their credential headers " +
+			"differently, by reason (ambiguous).",
+	}, []string{"reason"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(reviewsSent, reviewsFailed, reviewFailOpen, localVerifications, keyRefreshes, credentialsRefused)
+}

@@ -1,0 +1,183 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	jose "gopkg.in/go-jose/go-jose.v2"
+	"gopkg.in/go-jose/go-jose.v2/jwt"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+const testIssuer = "https://kubernetes.default.svc.cluster.local"
+
+// testIssuerServer publishes the issuer and a key set that a test may
+// change, counting the key-set fetches.
+type testIssuerServer struct {
+	mu      sync.Mutex
+	keys    jose.JSONWebKeySet
+	fetches atomic.Int64
+}
+
+func (s *testIssuerServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/.well-known/openid-configuration":
+		_ = json.NewEncoder(w).Encode(map[string]string{"issuer": testIssuer, "jwks_uri": testIssuer + "/openid/v1/jwks"})
+	case "/openid/v1/jwks":
+		s.fetches.Add(1)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(s.keys)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (s *testIssuerServer) publish(kid string, k *rsa.PrivateKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys.Keys = append(s.keys.Keys, jose.JSONWebKey{Key: &k.PublicKey, KeyID: kid, Algorithm: "RS256", Use: "sig"})
+}
+
+func newKey(t *testing.T) *rsa.PrivateKey {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// saToken signs a service-account token like kube-apiserver's TokenRequest.
+func saToken(t *testing.T, k *rsa.PrivateKey, kid, issuer, aud string, exp time.Time) string {
+	t.Helper()
+	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: k}, (&jose.SignerOptions{}).WithHeader("kid", kid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var private privateClaims
+	private.Kubernetes.Namespace = "agents"
+	private.Kubernetes.ServiceAccount = claimRef{Name: "agent", UID: "uid-1"}
+	private.Kubernetes.Pod = &claimRef{Name: "agent-0", UID: "pod-uid"}
+	tok, err := jwt.Signed(sig).Claims(jwt.Claims{
+		Issuer: issuer, Subject: "system:serviceaccount:agents:agent", Audience: jwt.Audience{aud},
+		Expiry: jwt.NewNumericDate(exp), NotBefore: jwt.NewNumericDate(exp.Add(-time.Hour)), IssuedAt: jwt.NewNumericDate(exp.Add(-time.Hour)), ID: "jti-1",
+	}).Claims(private).CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	issuer := &testIssuerServer{}
+	key, other := newKey(t), newKey(t)
+	issuer.publish("k1", key)
+	srv := httptest.NewServer(issuer)
+	t.Cleanup(srv.Close)
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk)
+	ctx := context.Background()
+	if err := sa.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exp := t0.Add(time.Hour)
+	good := saToken(t, key, "k1", testIssuer, testIssuer, exp)
+
+	u, v := sa.verify(ctx, good, t0)
+	if v != validServiceAccount || u.GetName() != "system:serviceaccount:agents:agent" || u.GetUID() != "uid-1" ||
+		!slices.Equal(u.GetGroups(), []string{"system:serviceaccounts", "system:serviceaccounts:agents", "system:authenticated"}) ||
+		!slices.Equal(u.GetExtra()["authentication.kubernetes.io/pod-name"], []string{"agent-0"}) {
+		t.Fatalf("a valid token: %v %#v", v, u)
+	}
+	for name, tc := range map[string]struct {
+		token string
+		at    time.Time
+		want  serviceAccountVerdict
+	}{
+		"not a JWT is reviewed":                              {token: "abc.def", at: t0, want: notLocal},
+		"garbage with two dots is reviewed":                  {token: "a.b.c", at: t0, want: notLocal},
+		"a bad signature with a known key is forged":         {token: good[:len(good)-4] + "AAAA", at: t0, want: forged},
+		"signed by another key under a known key id: forged": {token: saToken(t, other, "k1", testIssuer, testIssuer, exp), at: t0, want: forged},
+		"another issuer is reviewed":                         {token: saToken(t, key, "k1", "https://elsewhere", "https://elsewhere", exp), at: t0, want: notLocal},
+		"another audience is reviewed":                       {token: saToken(t, key, "k1", testIssuer, "vault", exp), at: t0, want: notLocal},
+		"an expired token is left to the API server":         {token: good, at: exp.Add(time.Second), want: notLocal},
+		"a token not valid yet is left to the API server":    {token: good, at: t0.Add(-time.Second), want: notLocal},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, v := sa.verify(ctx, tc.token, tc.at); v != tc.want {
+				t.Fatalf("verdict %v, want %v", v, tc.want)
+			}
+		})
+	}
+
+	t.Run("unknown key ids refresh the keys at most once per 10s", func(t *testing.T) {
+		rotated := saToken(t, other, "k2", testIssuer, testIssuer, exp)
+		before := issuer.fetches.Load()
+		for range 100 {
+			if _, v := sa.verify(ctx, rotated, clk.Now()); v != notLocal {
+				t.Fatalf("verdict %v before k2 is published, want notLocal", v)
+			}
+		}
+		if n := issuer.fetches.Load() - before; n != 1 {
+			t.Fatalf("%d key fetches for 100 unknown-kid tokens, want 1", n)
+		}
+		issuer.publish("k2", other)
+		clk.Step(5 * time.Second) // too soon: no fetch
+		if _, v := sa.verify(ctx, rotated, clk.Now()); v != notLocal {
+			t.Fatalf("verdict %v 5s later, want notLocal", v)
+		}
+		clk.Step(5 * time.Second)
+		if _, v := sa.verify(ctx, rotated, clk.Now()); v != validServiceAccount {
+			t.Fatalf("verdict %v 10s later, want valid (the new key fetched)", v)
+		}
+		if n := issuer.fetches.Load() - before; n != 2 {
+			t.Fatalf("%d key fetches, want 2", n)
+		}
+	})
+}
+
+func TestFairReviews(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f := newFairReviews(10, 10, 1, 5, 100) // shared 10/s burst 10; each 1/s burst 5
+	allowed := func(who string, privileged bool, n int) int {
+		ok := 0
+		for range n {
+			if f.allow(who, privileged, t0) {
+				ok++
+			}
+		}
+		return ok
+	}
+	if n := allowed("flooder", false, 1000); n != 5 {
+		t.Fatalf("a flooder got %d reviews, want its burst 5", n)
+	}
+	if n := allowed("valid", false, 1); n != 1 {
+		t.Fatal("a valid client was starved by the flooder")
+	}
+	// Four more flooders empty the shared bucket (10 in all).
+	for _, who := range []string{"f2", "f3"} {
+		allowed(who, false, 1000)
+	}
+	if n := allowed("late", false, 1); n != 0 {
+		t.Fatalf("the shared bucket should be empty, got %d", n)
+	}
+	if n := allowed("agent", true, 3); n != 3 {
+		t.Fatalf("a privileged requester got %d of 3, want 3 (it skips the shared bucket)", n)
+	}
+}
