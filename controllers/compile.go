@@ -94,6 +94,12 @@ func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
 	if b.StaleVersions.Action == "" {
 		b.StaleVersions.Action = ratelimit.StaleReject
 	}
+	switch s.Impersonation {
+	case v1alpha1.ImpersonationImpersonated:
+		b.Impersonation = ratelimit.ImpersonatedOnly
+	case v1alpha1.ImpersonationDirect:
+		b.Impersonation = ratelimit.DirectOnly
+	}
 	switch s.Enforcement {
 	case "", v1alpha1.EnforcementEnforce:
 		b.Enforcement = ratelimit.Enforce
@@ -155,6 +161,11 @@ func validateSpec(s *v1alpha1.WatchBudgetSpec, b *ratelimit.Budget) []error {
 	}
 
 	inRange("precedence", b.Precedence, 1, 10000)
+	switch s.Impersonation {
+	case "", v1alpha1.ImpersonationAny, v1alpha1.ImpersonationImpersonated, v1alpha1.ImpersonationDirect:
+	default:
+		bad("impersonation: unsupported value %q: must be Any, Impersonated or Direct", s.Impersonation)
+	}
 	switch s.Enforcement {
 	case "", v1alpha1.EnforcementEnforce, v1alpha1.EnforcementDryRun, v1alpha1.EnforcementExempt:
 	default:

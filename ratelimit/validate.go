@@ -22,6 +22,11 @@ func (b *Budget) Validate() error {
 	if b.Name == "" {
 		bad("name", "must not be empty")
 	}
+	switch b.Impersonation {
+	case "", AnyRequest, ImpersonatedOnly, DirectOnly:
+	default:
+		bad("impersonation", "must be one of Any, Impersonated, Direct, got %q", b.Impersonation)
+	}
 	switch b.Enforcement {
 	case "", Enforce, DryRun, Exempt:
 	default:
