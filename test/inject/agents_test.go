@@ -204,26 +204,62 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 
 // An agent with 70 informers on distinct resources, through watchgate with
 // the chart's default budgets enforced, syncs all of them with no 429 and
-// within twice the time it takes directly (plus a second, so that a fast
-// direct sync on an idle machine does not make the bound a coin toss).
+// within twice the time it takes directly (plus a second, so that a
+// sub-second direct sync on a loaded machine does not make the bound a coin
+// toss). The one timed assertion here, because issue 11 asks for exactly
+// this; its figures are logged.
 func TestAgentWith70InformersStartsAsFastAsDirectly(t *testing.T) {
 	gvrs := agentCRDs(t, 70)
 	ns := uniqueName("agent")
-	sa, err := env.ServiceAccount(context.Background(), ns, "agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Grant(context.Background(), sa, rbacv1.PolicyRule{APIGroups: []string{agentGroup}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}}); err != nil {
-		t.Fatal(err)
+	// Each start is a new agent (service account): a start that is stopped
+	// within a second ends its watches "short", and the backoff rightly
+	// holds back the same identity's next watches on those resources.
+	agent := func(i int) apiserver.ServiceAccount {
+		sa, err := env.ServiceAccount(context.Background(), ns, fmt.Sprintf("agent-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Grant(context.Background(), sa, rbacv1.PolicyRule{APIGroups: []string{agentGroup}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}}); err != nil {
+			t.Fatal(err)
+		}
+		return sa
 	}
 	p := startProxy(t, values(chartBudgets(t))...)
-
-	// Warm up: right after their CRDs are established the API server itself
-	// answers some requests with 429 while it builds their storage.
-	syncInformers(t, env.ConfigFor(sa.Token, "", nil), gvrs)
-	direct, directTooMany := syncInformers(t, env.ConfigFor(sa.Token, "", nil), gvrs)
-	proxied, proxiedTooMany := syncInformers(t, env.ConfigFor(sa.Token, "https://"+p.Addr().String(), p.CA), gvrs)
-	t.Logf("70 informers synced: direct %v, through watchgate %v", direct, proxied)
+	proxiedCfg := func(sa apiserver.ServiceAccount) *rest.Config {
+		cfg := env.ConfigFor(sa.Token, "https://"+p.Addr().String(), p.CA)
+		// The proxy's first request with a token reviews it; warm that up.
+		dc, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "RBAC for "+sa.Name, func() (bool, error) {
+			_, err := dc.Resource(gvrs[0]).Namespace(ns).List(context.Background(), metav1.ListOptions{Limit: 1})
+			return err == nil, err
+		})
+		return cfg
+	}
+	// Warm up: right after their CRDs are established the API server
+	// itself answers some requests with 429 while it builds their storage.
+	// Then the best of three each, so that one scheduling hiccup on a
+	// loaded machine does not decide the comparison.
+	directSA := agent(0)
+	directCfg := env.ConfigFor(directSA.Token, "", nil)
+	syncInformers(t, directCfg, gvrs)
+	var direct, proxied time.Duration
+	var directTooMany, proxiedTooMany int64
+	for i := range 3 {
+		d, n := syncInformers(t, directCfg, gvrs)
+		directTooMany += n
+		pr, m := syncInformers(t, proxiedCfg(agent(i+1)), gvrs)
+		proxiedTooMany += m
+		if i == 0 || d < direct {
+			direct = d
+		}
+		if i == 0 || pr < proxied {
+			proxied = pr
+		}
+	}
+	t.Logf("70 informers synced (best of 3): direct %v, through watchgate %v", direct, proxied)
 	if directTooMany != 0 || proxiedTooMany != 0 {
 		t.Errorf("429s: direct %d, through watchgate %d; want none", directTooMany, proxiedTooMany)
 	}

@@ -42,6 +42,7 @@ var env *apiserver.Env
 const ownNamespace = "watchgate-system"
 
 func TestMain(m *testing.M) {
+	ctrl.SetLogger(logr.Discard())
 	root := apiserver.RepoRoot()
 	os.Exit(apiserver.Main(m, apiserver.Options{
 		Args: map[string]string{
