@@ -23,8 +23,12 @@ testbin: ## Build (once, cached by version) the test bed's kube-apiserver, etcd 
 
 .PHONY: manifests
 manifests: ## Render CRD and RBAC from the API types' markers into config/ and the chart.
-	$(CONTROLLER_GEN) rbac:roleName=watchgate-manager crd paths=. paths=./api/... paths=./controllers/... paths=./proxy/... \
+	$(CONTROLLER_GEN) rbac:roleName=watchgate-manager crd paths=. paths=./api/... paths=./controllers paths=./proxy/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	@# Injection's permissions (ConfigMaps, pods, namespaces cluster-wide)
+	@# are their own ClusterRole, granted only when injection is on.
+	$(CONTROLLER_GEN) rbac:roleName=watchgate-injector paths=./controllers/inject/... \
+		output:rbac:artifacts:config=config/webhook/rbac
 	charts/watchgate/hack/sync-generated.sh
 
 .PHONY: generate

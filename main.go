@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -29,9 +30,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	watchgatev1alpha1 "github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
+	"github.com/watchgate/watchgate/controllers/inject"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -70,6 +73,14 @@ type options struct {
 	localServiceAccountTokens   bool
 	serviceAccountAudiences     string
 
+	// Injection (controllers/inject): on when webhookPort > 0.
+	webhookPort       int
+	webhookCertFile   string
+	webhookKeyFile    string
+	caFile            string
+	injectServiceHost string
+	injectServicePort int
+
 	zap zap.Options
 }
 
@@ -99,6 +110,12 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"Only whose budget a request spends depends on it: the API server authenticates every forwarded request itself.")
 	fs.StringVar(&o.serviceAccountAudiences, "service-account-audiences", "", "Comma-separated audiences a locally verified service-account token must name one of. Empty: the issuer (kube-apiserver's default --api-audiences). Other tokens are reviewed.")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
+	fs.IntVar(&o.webhookPort, "webhook-port", 0, "Port the pod injection webhook (HTTPS) listens on; 0 (default) disables injection and the CA publisher. Needs --tls-cert-file.")
+	fs.StringVar(&o.webhookCertFile, "webhook-cert-file", "", "Serving certificate of the webhook (PEM), reloaded when it changes. Default --tls-cert-file.")
+	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "Private key of --webhook-cert-file, in the same folder. Default --tls-private-key-file.")
+	fs.StringVar(&o.caFile, "ca-file", "", "CA bundle (PEM) that signed the proxy's serving certificate, published to routed namespaces as ConfigMap watchgate-root-ca.crt and re-read every 10s. Default ca.crt beside --tls-cert-file (a kubernetes.io/tls Secret's layout).")
+	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.")
+	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
 	o.zap.BindFlags(fs)
 }
 
@@ -129,6 +146,18 @@ func (o *options) validate() error {
 	if o.shutdownGrace < 0 || o.shutdownGrace > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--shutdown-grace-period %s: must be between 0 and 10m", o.shutdownGrace))
 	}
+	if o.webhookPort < 0 || o.webhookPort > 65535 {
+		errs = append(errs, fmt.Errorf("--webhook-port %d: must be between 0 and 65535", o.webhookPort))
+	}
+	if o.webhookPort > 0 && o.tlsCertFile == "" {
+		errs = append(errs, errors.New("--webhook-port needs --tls-cert-file: routed pods must trust the proxy's certificate, and a generated one names no Service"))
+	}
+	if (o.webhookCertFile == "") != (o.webhookKeyFile == "") {
+		errs = append(errs, errors.New("--webhook-cert-file and --webhook-key-file must be set together"))
+	}
+	if o.injectServicePort < 1 || o.injectServicePort > 65535 {
+		errs = append(errs, fmt.Errorf("--inject-service-port %d: must be between 1 and 65535", o.injectServicePort))
+	}
 	return utilerrors.NewAggregate(errs)
 }
 
@@ -143,6 +172,20 @@ func (o *options) complete() error {
 	}
 	if o.leaderElectionNS == "" {
 		o.leaderElectionNS = o.podNamespace
+	}
+	if o.webhookPort > 0 {
+		if o.webhookCertFile == "" {
+			o.webhookCertFile, o.webhookKeyFile = o.tlsCertFile, o.tlsPrivateKeyFile
+		}
+		if o.caFile == "" {
+			o.caFile = filepath.Join(filepath.Dir(o.tlsCertFile), "ca.crt")
+		}
+		if o.injectServiceHost == "" {
+			if o.podNamespace == "" {
+				return errors.New("--inject-service-host is empty and so is --pod-namespace")
+			}
+			o.injectServiceHost = "watchgate." + o.podNamespace + ".svc"
+		}
 	}
 	if o.leaderElectionNS == "" {
 		o.leaderElectionNS = "kube-system"
@@ -181,6 +224,26 @@ func checkUpstream(ctx context.Context, cfg *rest.Config, timeout time.Duration)
 		return fmt.Errorf("API server %s unreachable: %w", cfg.Host, err)
 	}
 	return nil
+}
+
+// setupInjection adds the pod injection webhook and the CA publisher.
+func setupInjection(mgr ctrl.Manager, o *options) error {
+	excluded := []string{"kube-system"}
+	if o.podNamespace != "" {
+		excluded = append(excluded, o.podNamespace)
+	}
+	_, err := inject.SetupWithManager(mgr, inject.Options{
+		Target:             inject.Target{Host: o.injectServiceHost, Port: int32(o.injectServicePort)},
+		ExcludedNamespaces: excluded,
+		CA:                 &inject.CASource{File: o.caFile},
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Port:     o.webhookPort,
+			CertDir:  filepath.Dir(o.webhookCertFile),
+			CertName: filepath.Base(o.webhookCertFile),
+			KeyName:  filepath.Base(o.webhookKeyFile),
+		}),
+	})
+	return err
 }
 
 // newScheme is the one scheme of the manager: the built-in types and the
@@ -279,6 +342,11 @@ func run(ctx context.Context, args []string) error {
 	}
 	if err := mgr.Add(srv); err != nil {
 		return err
+	}
+	if o.webhookPort > 0 {
+		if err := setupInjection(mgr, &o); err != nil {
+			return fmt.Errorf("set up injection: %w", err)
+		}
 	}
 	if err := mgr.AddReadyzCheck("upstream", srv.ReadyCheck); err != nil {
 		return err

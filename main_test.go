@@ -51,6 +51,10 @@ current-context: c
 			args: []string{"--tls-cert-file", "c.pem", "--proxy-bind-address", "8443", "--shutdown-grace-period", "1h"},
 			want: []string{"--tls-cert-file and --tls-private-key-file must be set together", `--proxy-bind-address "8443"`, "--shutdown-grace-period 1h0m0s"},
 		},
+		"injection without a serving certificate": {
+			args: []string{"--webhook-port", "9443", "--inject-service-port", "0"},
+			want: []string{"--webhook-port needs --tls-cert-file", "--inject-service-port 0"},
+		},
 		"an unknown flag": {
 			args: []string{"--proxy-bind", ":1"},
 			want: []string{"flag provided but not defined: -proxy-bind"},

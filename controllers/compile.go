@@ -71,9 +71,10 @@ func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
 	s := &wb.Spec
 	l, bo, sv := &s.Limits, &s.Backoff, &s.StaleVersions
 	b := ratelimit.Budget{
-		Name:        wb.Name,
-		Precedence:  s.Precedence,
-		Enforcement: ratelimit.Enforcement(s.Enforcement),
+		Name:          wb.Name,
+		Precedence:    s.Precedence,
+		Enforcement:   ratelimit.Enforcement(s.Enforcement),
+		Impersonation: ratelimit.Impersonation(s.Impersonation),
 		Limits: ratelimit.Limits{
 			WatchOpensPerMinute:  deref(l.WatchOpensPerMinute, defaultWatchOpensPerMinute),
 			WatchBurst:           deref(l.WatchBurst, defaultWatchBurst),

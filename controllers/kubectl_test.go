@@ -58,11 +58,11 @@ func TestKubectlGetShowsTheColumns(t *testing.T) {
 		t.Fatalf("kubectl get wb printed %d lines, want a header and a row:\n%s", len(lines), out)
 	}
 	header := strings.Join(strings.Fields(lines[0]), " ")
-	if want := "NAME ENFORCEMENT OPENS/MIN BURST MAX WATCHES ACTIVE REJECTIONS READY AGE"; header != want {
+	if want := "NAME ENFORCEMENT REQUESTS OPENS/MIN BURST MAX WATCHES ACTIVE REJECTIONS READY AGE"; header != want {
 		t.Errorf("header = %q, want %q", header, want)
 	}
 	row := strings.Fields(lines[1])
-	if want := []string{"kubectl-shown", "DryRun", "120", "2", "50", "3", "1", "True"}; len(row) != len(want)+1 || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
+	if want := []string{"kubectl-shown", "DryRun", "Any", "120", "2", "50", "3", "1", "True"}; len(row) != len(want)+1 || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
 		t.Errorf("row = %q, want %q then the age", row, want)
 	}
 

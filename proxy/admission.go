@@ -63,6 +63,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			FieldSelector:     c.FieldSelector,
 			ResourceVersion:   c.ResourceVersion,
 			SendInitialEvents: c.SendInitialEvents,
+			Impersonated:      impersonatedFrom(r.Context()),
 		})
 		verb := verbLabel(c.Verb)
 		decisionSeconds.WithLabelValues(verb).Observe(a.clock.Since(start).Seconds())

@@ -29,6 +29,13 @@ func withIdentity(ctx context.Context, u user.Info) context.Context {
 	return context.WithValue(ctx, identityKey, u)
 }
 
+// impersonatedFrom reports whether the budget identity is an impersonated
+// one (withBudgetIdentity honoured the headers).
+func impersonatedFrom(ctx context.Context) bool {
+	_, ok := ctx.Value(identityKey).(user.Info)
+	return ok
+}
+
 // identityFrom returns the budget identity, falling back to the caller.
 func identityFrom(ctx context.Context) (user.Info, bool) {
 	if u, ok := ctx.Value(identityKey).(user.Info); ok {

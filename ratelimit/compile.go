@@ -87,7 +87,8 @@ func (p *Policy) Budgets() []Budget {
 	return out
 }
 
-// Match returns the budget that governs a request by this identity for
+// Match returns the budget that governs a direct (not impersonated)
+// request by this identity for
 // group/resource in namespace ("" for cluster-scoped or all-namespace
 // requests): the first in match order whose subjects and resources both
 // match. Nil means no budget governs the request, so it has no limits. The
@@ -101,11 +102,20 @@ func (p *Policy) Match(user string, groups []string, group, resource, namespace 
 
 // match is Match returning the budget's index, or -1.
 func (p *Policy) match(user string, groups []string, group, resource, namespace string) int {
+	return p.matchRequest(user, groups, group, resource, namespace, false)
+}
+
+// matchRequest is match for a request that is impersonated or not (see
+// Budget.Impersonation).
+func (p *Policy) matchRequest(user string, groups []string, group, resource, namespace string, impersonated bool) int {
 	if p == nil {
 		return -1
 	}
 	for i := range p.budgets {
 		b := &p.budgets[i]
+		if (b.Impersonation == ImpersonatedOnly && !impersonated) || (b.Impersonation == DirectOnly && impersonated) {
+			continue
+		}
 		if matchResources(b.Resources, group, resource, namespace) && matchSubjects(p.subjects[i], user, groups) {
 			return i
 		}

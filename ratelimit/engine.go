@@ -260,7 +260,7 @@ func (e *Engine) remove(bs *budgetState) {
 // the watch ends.
 func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	a := e.current.Load()
-	i := a.policy.match(r.User, r.Groups, r.Group, r.Resource, r.Namespace)
+	i := a.policy.matchRequest(r.User, r.Groups, r.Group, r.Resource, r.Namespace, r.Impersonated)
 	if i < 0 {
 		return Decision{Allowed: true}
 	}

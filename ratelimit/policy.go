@@ -41,6 +41,20 @@ const (
 	StalePass StaleAction = "Pass"
 )
 
+// Impersonation is which requests a Budget matches by how they name their
+// identity (Request.Impersonated).
+type Impersonation string
+
+const (
+	// AnyRequest matches every request; the zero value means the same.
+	AnyRequest Impersonation = "Any"
+	// ImpersonatedOnly matches only requests charged to an impersonated
+	// identity.
+	ImpersonatedOnly Impersonation = "Impersonated"
+	// DirectOnly matches only requests charged to the caller itself.
+	DirectOnly Impersonation = "Direct"
+)
+
 // SubjectKind is the kind of identity a Subject matches.
 type SubjectKind string
 
@@ -164,6 +178,9 @@ type Budget struct {
 	Subjects []Subject
 	// Resources the budget governs; empty means all.
 	Resources []ResourceRule
+	// Impersonation narrows the budget to impersonated or direct requests;
+	// AnyRequest when empty.
+	Impersonation Impersonation
 	// Enforcement is Enforce when empty.
 	Enforcement   Enforcement
 	Limits        Limits

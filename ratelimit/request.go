@@ -32,6 +32,9 @@ type Request struct {
 	LabelSelector, FieldSelector string
 	ResourceVersion              string
 	SendInitialEvents            bool
+	// Impersonated is true when User and Groups are an identity the caller
+	// impersonates (and may), false when they are the caller's own.
+	Impersonated bool
 }
 
 // initialState reports whether the watch asks the server for the current

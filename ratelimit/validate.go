@@ -91,6 +91,11 @@ func (b *Budget) Validate() error {
 		bad("name", "must not be empty")
 	}
 	between("precedence", int64(b.Precedence), 0, maxPrecedence)
+	switch b.Impersonation {
+	case "", AnyRequest, ImpersonatedOnly, DirectOnly:
+	default:
+		bad("impersonation", "must be one of Any, Impersonated, Direct, not %q", b.Impersonation)
+	}
 	switch b.Enforcement {
 	case "", Enforce, DryRun, Exempt:
 	default:

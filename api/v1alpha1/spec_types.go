@@ -23,6 +23,19 @@ type WatchBudgetSpec struct {
 	// +optional
 	Subjects []Subject `json:"subjects,omitempty"`
 
+	// impersonation narrows the budget by how a request names its
+	// identity. Any (default) matches every request. Impersonated matches
+	// only requests whose caller may impersonate and does (Impersonate-User
+	// honoured): the people behind an agent, each charged in their own
+	// name. Direct matches only requests in the caller's own name: an
+	// agent's own informers, kubectl with a user's token. The chart's
+	// default budgets use it so that routing an agent governs the users it
+	// serves without throttling the agent's own start-up watches.
+	// +kubebuilder:validation:Enum=Any;Impersonated;Direct
+	// +kubebuilder:default=Any
+	// +optional
+	Impersonation Impersonation `json:"impersonation,omitempty"`
+
 	// resources are the API groups, resources and namespaces the budget
 	// governs; a request matches when any rule matches. Empty means all. At
 	// most 32.
@@ -79,6 +92,20 @@ const (
 	EnforcementDryRun Enforcement = "DryRun"
 	// EnforcementExempt admits everything without tracking it.
 	EnforcementExempt Enforcement = "Exempt"
+)
+
+// Impersonation is which requests a budget matches by how they name their
+// identity: Any, Impersonated or Direct.
+type Impersonation string
+
+const (
+	// ImpersonationAny matches every request.
+	ImpersonationAny Impersonation = "Any"
+	// ImpersonationImpersonated matches only requests with honoured
+	// impersonation headers.
+	ImpersonationImpersonated Impersonation = "Impersonated"
+	// ImpersonationDirect matches only requests without them.
+	ImpersonationDirect Impersonation = "Direct"
 )
 
 // SubjectKind is the kind of identity a Subject matches: User, Group or

@@ -19,6 +19,7 @@ import (
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=wb,categories=watchgate
 // +kubebuilder:printcolumn:name="Enforcement",type=string,JSONPath=`.spec.enforcement`,description="What the budget does with requests over budget: Enforce, DryRun or Exempt."
+// +kubebuilder:printcolumn:name="Requests",type=string,JSONPath=`.spec.impersonation`,description="Which requests the budget matches: Any, Impersonated (the users behind an agent) or Direct (callers in their own name)."
 // +kubebuilder:printcolumn:name="Opens/min",type=integer,JSONPath=`.spec.limits.watchOpensPerMinute`,description="Watch opens per minute per identity (0: unlimited)."
 // +kubebuilder:printcolumn:name="Burst",type=integer,JSONPath=`.spec.limits.watchBurst`,description="Watch opens an identity may make at once."
 // +kubebuilder:printcolumn:name="Max watches",type=integer,JSONPath=`.spec.limits.maxConcurrentWatches`,description="Watches an identity may hold open at once (0: no cap)."

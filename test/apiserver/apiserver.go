@@ -32,6 +32,11 @@ type Options struct {
 	CRDDirectoryPaths []string
 	// Args are extra kube-apiserver flags, name without dashes → value.
 	Args map[string]string
+	// Webhooks are admission webhook configurations to install; envtest
+	// points them at a local serving address and certificate (see
+	// Env.Webhooks) so that kube-apiserver calls a webhook server in the
+	// test process.
+	Webhooks envtest.WebhookInstallOptions
 }
 
 // Env is a running control plane.
@@ -45,6 +50,9 @@ type Env struct {
 	// Kubeconfig is the path of an admin kubeconfig file (for kubectl and
 	// for watchgate's --kubeconfig); it is removed by Stop.
 	Kubeconfig string
+	// Webhooks is where the installed webhooks are served from
+	// (LocalServingHost, LocalServingPort, LocalServingCertDir).
+	Webhooks *envtest.WebhookInstallOptions
 
 	env *envtest.Environment
 }
@@ -89,6 +97,7 @@ func Start(opts Options) (*Env, error) {
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
+		WebhookInstallOptions:    opts.Webhooks,
 	}
 	api := te.ControlPlane.GetAPIServer()
 	args := api.Configure()
@@ -127,7 +136,7 @@ func Start(opts Options) (*Env, error) {
 			kubeconfig = v
 		}
 	}
-	return &Env{Config: cfg, Clientset: cs, AssetsDir: dir, Kubeconfig: kubeconfig, env: te}, nil
+	return &Env{Config: cfg, Clientset: cs, AssetsDir: dir, Kubeconfig: kubeconfig, Webhooks: &te.WebhookInstallOptions, env: te}, nil
 }
 
 // Stop stops kube-apiserver and etcd and removes their data.

@@ -23,7 +23,7 @@ func TestChartCopiesOfGeneratedFilesAreFresh(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("sync-generated.sh: %v\n%s", err, b)
 	}
-	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml", "role.yaml", "role-events.yaml"} {
+	for _, name := range []string{"crd-watchbudgets.yaml", "clusterrole.yaml", "role.yaml", "role-events.yaml", "injector-clusterrole.yaml"} {
 		want, err := os.ReadFile(filepath.Join(out, name))
 		if err != nil {
 			t.Fatal(err)

@@ -159,8 +159,10 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("watch without RBAC through the proxy: HTTP %d, want the API server's 403", resp.StatusCode)
 	}
-	if got := resp.Header.Get("X-Watchgate-Decision"); !strings.Contains(got, "budget=watchgate-default") {
-		t.Errorf("X-Watchgate-Decision = %q, want the chart's catch-all budget", got)
+	// A service account in its own name is governed by the chart's
+	// agents budget (impersonation: Direct), not the catch-all.
+	if got := resp.Header.Get("X-Watchgate-Decision"); !strings.Contains(got, "budget=watchgate-agents") {
+		t.Errorf("X-Watchgate-Decision = %q, want the chart's agents budget", got)
 	}
 
 	// What needs the chart's RBAC beyond serving: this replica's entry in

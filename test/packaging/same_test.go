@@ -81,6 +81,7 @@ func TestChartAndKustomizeInstallTheSameThing(t *testing.T) {
 	same("CustomResourceDefinition//watchbudgets.watchgate.io", "spec")
 	same("WatchBudget//watchgate-default", "spec")
 	same("WatchBudget//watchgate-exempt", "spec")
+	same("WatchBudget//watchgate-agents", "spec")
 }
 
 // index keys objects by kind/namespace/name.

@@ -117,5 +117,40 @@ Service's in-cluster names plus tls.extraDNSNames, as a YAML list.
 {{- $svc := include "watchgate.proxyServiceName" . -}}
 {{- $ns := .Release.Namespace -}}
 {{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) -}}
+{{- if .Values.injection.enabled }}
+{{- $wh := include "watchgate.webhookServiceName" . -}}
+{{- $names = concat $names (list (printf "%s.%s.svc" $wh $ns) (printf "%s.%s.svc.%s" $wh $ns .Values.clusterDomain)) -}}
+{{- end }}
 {{- concat $names .Values.tls.extraDNSNames | toYaml -}}
+{{- end }}
+
+{{/*
+watchgate.webhookServiceName is the injection webhook's Service.
+*/}}
+{{- define "watchgate.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "watchgate.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/*
+watchgate.generatedTLS generates the chart's CA and serving pair once per
+render (or reuses the Secret's) and keeps it in .Values._generatedTLS, so that
+the Secret and the webhook's caBundle agree. Returns nothing.
+*/}}
+{{- define "watchgate.generatedTLS" -}}
+{{- if not (hasKey .Values "_generatedTLS") }}
+{{- $name := include "watchgate.tlsSecretName" . }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- $data := dict }}
+{{- if and $existing (hasKey $existing "data") (hasKey ($existing.data | default dict) "tls.crt") (hasKey $existing.data "tls.key") }}
+{{- $data = $existing.data }}
+{{- else }}
+{{- $days := int .Values.tls.validityDays }}
+{{- $ca := genCA (printf "%s-ca" (include "watchgate.fullname" .)) $days }}
+{{- $dnsNames := include "watchgate.dnsNames" . | fromYamlArray }}
+{{- $cn := printf "%s.%s.svc" (include "watchgate.proxyServiceName" .) .Release.Namespace }}
+{{- $cert := genSignedCert $cn .Values.tls.ipAddresses $dnsNames $days $ca }}
+{{- $data = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) }}
+{{- end }}
+{{- $_ := set .Values "_generatedTLS" $data }}
+{{- end }}
 {{- end }}

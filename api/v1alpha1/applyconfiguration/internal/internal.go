@@ -44,6 +44,8 @@ var schemaYAML = typed.YAMLObject(`types:
       default: 10
 - name: com.github.watchgate.watchgate.api.v1alpha1.Enforcement
   scalar: string
+- name: com.github.watchgate.watchgate.api.v1alpha1.Impersonation
+  scalar: string
 - name: com.github.watchgate.watchgate.api.v1alpha1.Limits
   map:
     fields:
@@ -195,6 +197,10 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.watchgate.watchgate.api.v1alpha1.Enforcement
       default: Enforce
+    - name: impersonation
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.Impersonation
+      default: Any
     - name: limits
       type:
         namedType: com.github.watchgate.watchgate.api.v1alpha1.Limits

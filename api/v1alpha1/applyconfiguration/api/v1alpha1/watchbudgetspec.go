@@ -23,6 +23,15 @@ type WatchBudgetSpecApplyConfiguration struct {
 	// allowed to impersonate). Empty means every authenticated identity. At
 	// most 64.
 	Subjects []SubjectApplyConfiguration `json:"subjects,omitempty"`
+	// impersonation narrows the budget by how a request names its
+	// identity. Any (default) matches every request. Impersonated matches
+	// only requests whose caller may impersonate and does (Impersonate-User
+	// honoured): the people behind an agent, each charged in their own
+	// name. Direct matches only requests in the caller's own name: an
+	// agent's own informers, kubectl with a user's token. The chart's
+	// default budgets use it so that routing an agent governs the users it
+	// serves without throttling the agent's own start-up watches.
+	Impersonation *apiv1alpha1.Impersonation `json:"impersonation,omitempty"`
 	// resources are the API groups, resources and namespaces the budget
 	// governs; a request matches when any rule matches. Empty means all. At
 	// most 32.
@@ -75,6 +84,14 @@ func (b *WatchBudgetSpecApplyConfiguration) WithSubjects(values ...*SubjectApply
 		}
 		b.Subjects = append(b.Subjects, *values[i])
 	}
+	return b
+}
+
+// WithImpersonation sets the Impersonation field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Impersonation field is set to the value of the last call.
+func (b *WatchBudgetSpecApplyConfiguration) WithImpersonation(value apiv1alpha1.Impersonation) *WatchBudgetSpecApplyConfiguration {
+	b.Impersonation = &value
 	return b
 }
 

@@ -1,0 +1,30 @@
+// Package inject puts in-cluster agents behind watchgate with one label.
+//
+// It has two pieces, wired by SetupWithManager:
+//
+//   - PodInjector, a mutating admission webhook for Pods (served by
+//     controller-runtime's webhook server on its own port). A pod is routed
+//     when it, or else its namespace, carries the label
+//     watchgate.io/inject=enabled; the pod label wins, and "disabled" opts a
+//     pod out. Routing a pod (see Route) points KUBERNETES_SERVICE_HOST and
+//     KUBERNETES_SERVICE_PORT of every container at watchgate's Service and
+//     replaces the service-account volume the API server's ServiceAccount
+//     admission plugin added (kube-api-access-*) by an equivalent projected
+//     volume at the same path whose ca.crt is watchgate's CA. Pods that mount
+//     their own token, use the host network or set their own API server are
+//     left alone, with an annotation saying why. Routing is idempotent.
+//     The webhook's failurePolicy is Ignore: when watchgate is down, pods
+//     are created unrouted and talk to the API server directly.
+//   - CAPublisher (leader only), like kube-controller-manager's
+//     kube-root-ca.crt publisher: it keeps the ConfigMap watchgate-root-ca.crt
+//     (key ca.crt) in every namespace that has the label or routed pods, and
+//     rewrites it when the CA file (--ca-file) changes; kubelet refreshes the
+//     projected file, so clients trust a rotated CA without a restart.
+//
+// Which names the webhook never routes: kube-system and watchgate's own
+// namespace, whatever their labels say (its configuration also excludes
+// them, so the API server does not even call it).
+//
+// Route is pure and unit tested; the webhook and the publisher are tested
+// against a real kube-apiserver in test/inject.
+package inject
