@@ -46,9 +46,7 @@ func withAuthentication(auth authenticator.Token, log *sampledLogger, next http.
 			return // the client left
 		case err != nil:
 			log.Info("Cannot review token", "err", err.Error())
-			e := apierrors.NewServiceUnavailable("authentication is unavailable, please try again later")
-			e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
-			writeStatus(w, r, e)
+			writeStatus(w, r, serviceUnavailable("authentication is unavailable, please try again later"))
 			return
 		case !ok || resp == nil || resp.User == nil:
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))

@@ -49,7 +49,7 @@ func TestClassify(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil))
+			c, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil), discardLogs())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -93,6 +93,7 @@ func NewServer(opts Options) (*Server, error) {
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
+		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
 	}
 
 	h := chain(tokens, impersonation, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
@@ -106,7 +107,7 @@ func NewServer(opts Options) (*Server, error) {
 // identity, classify, admit, forward.
 func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
-	h = withClassification(newRequestInfoFactory(), h)
+	h = withClassification(newRequestInfoFactory(), logs, h)
 	h = withBudgetIdentity(impersonation, logs, h)
 	return withAuthentication(tokens, logs, h)
 }
