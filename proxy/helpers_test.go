@@ -110,14 +110,14 @@ func discardLogs() *sampledLogger { return newSampledLogger(logr.Discard(), 1000
 
 // newTestProxy serves the whole chain, with testTokens and
 // testImpersonation, in front of upstream (a plain HTTP server).
-func newTestProxy(t *testing.T, engine Engine, upstream http.Handler) *httptest.Server {
+func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.Server {
 	t.Helper()
 	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
 	return newTestProxyTo(t, engine, &rest.Config{Host: up.URL})
 }
 
-func newTestProxyTo(t *testing.T, engine Engine, upstream *rest.Config) *httptest.Server {
+func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptest.Server {
 	t.Helper()
 	target, transport, err := upstreamTransport(upstream)
 	if err != nil {

@@ -201,93 +201,139 @@ func escapesErrorLetter(frame []byte) bool {
 // values; objects and arrays end at their matching bracket, strings at their
 // unescaped quote, other tokens (numbers, true, null…) at whitespace or a
 // delimiter. Brackets are not checked for matching: a candidate frame is
-// decoded, anything else cannot be an ERROR event.
+// decoded, anything else cannot be an ERROR event. The state lives in
+// locals in the loop and goes back to s at chunk ends and frame ends.
 func (s *streamInspector) writeJSON(p []byte) {
 	start := 0 // where the current frame's bytes in p begin
+	inFrame, inString, escaped, inScalar, depth := s.inFrame, s.inString, s.escaped, s.inScalar, s.depth
 	i := 0
 	for i < len(p) {
-		switch {
-		case !s.inFrame:
-			c := p[i]
-			if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
-				i++
+		if inString {
+			// Short strings by hand, long ones with IndexByte.
+			k := i
+			for end := min(len(p), i+32); k < end; k++ {
+				c := p[k]
+				if escaped {
+					escaped = false
+					continue
+				}
+				if c == '\\' {
+					escaped = true
+				} else if c == '"' {
+					break
+				}
+			}
+			if k < len(p) && k < i+32 && p[k] == '"' && !escaped {
+				inString, i = false, k+1
+				if depth == 0 {
+					goto frameEnd
+				}
 				continue
 			}
-			s.inFrame, start = true, i
-			switch c {
-			case '{', '[':
-				s.depth = 1
-			case '"':
-				s.inString = true
-			case '}', ']', ',', ':':
-				s.stop() // not a JSON value: not a watch stream
-				return
-			default:
-				s.inScalar = true
-			}
-			i++
-		case s.inString:
-			if s.escaped {
-				s.escaped = false
-				i++
+			i = k
+			if k == len(p) || escaped {
 				continue
 			}
 			j := bytes.IndexByte(p[i:], '"')
 			if j < 0 {
 				// The string goes on in the next chunk; a trailing odd run
 				// of backslashes escapes its first byte.
-				s.escaped = oddBackslashes(p[i:])
+				escaped = oddBackslashes(p[i:])
 				i = len(p)
 				continue
 			}
-			q := i + j
-			if oddBackslashes(p[i:q]) {
-				i = q + 1 // an escaped quote
+			if oddBackslashes(p[i : i+j]) {
+				i += j + 1 // an escaped quote
 				continue
 			}
-			s.inString = false
-			i = q + 1
-			if s.depth == 0 {
-				if !s.endJSONFrame(p, start, i) {
-					return
-				}
+			inString, i = false, i+j+1
+			if depth == 0 {
+				goto frameEnd
 			}
-		case s.inScalar:
-			c := p[i]
-			switch c {
-			case ' ', '\t', '\r', '\n', '{', '}', '[', ']', '"', ',', ':':
-				s.inScalar = false
-				if !s.endJSONFrame(p, start, i) {
-					return
-				}
-				continue // c starts the next value (or is whitespace)
-			}
-			i++
-		default: // inside an object or array, outside strings
-			switch p[i] {
-			case '"':
-				s.inString = true
-			case '{', '[':
-				s.depth++
-			case '}', ']':
-				s.depth--
-				if s.depth == 0 {
-					i++
-					if !s.endJSONFrame(p, start, i) {
-						return
-					}
+			continue
+		}
+		if depth > 0 {
+			for ; i < len(p); i++ {
+				c := p[i]
+				if !jsonStructural[c] {
 					continue
 				}
+				if c == '"' {
+					inString = true
+					break
+				}
+				if c == '{' || c == '[' {
+					depth++
+					continue
+				}
+				if depth--; depth == 0 {
+					break
+				}
+			}
+			if i == len(p) {
+				continue
 			}
 			i++
+			if inString {
+				continue
+			}
+			goto frameEnd // the closing bracket
+		}
+		if inScalar {
+			for ; i < len(p); i++ {
+				switch p[i] {
+				case ' ', '\t', '\r', '\n', '{', '}', '[', ']', '"', ',', ':':
+				default:
+					continue
+				}
+				break
+			}
+			if i == len(p) {
+				continue
+			}
+			inScalar = false
+			goto frameEnd // p[i] starts the next value (or is whitespace)
+		}
+		// Between values.
+		for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n') {
+			i++
+		}
+		if i == len(p) {
+			continue
+		}
+		inFrame, start = true, i
+		switch p[i] {
+		case '{', '[':
+			depth = 1
+		case '"':
+			inString = true
+		case '}', ']', ',', ':':
+			s.stop() // not a JSON value: not a watch stream
+			return
+		default:
+			inScalar = true
+		}
+		i++
+		continue
+
+	frameEnd:
+		inFrame = false
+		s.inFrame, s.inString, s.escaped, s.inScalar, s.depth = false, false, false, false, 0
+		if !s.endJSONFrame(p, start, i) {
+			return
 		}
 	}
-	if s.inFrame {
+	s.inFrame, s.inString, s.escaped, s.inScalar, s.depth = inFrame, inString, escaped, inScalar, depth
+	if inFrame {
 		if s.grow(len(p) - start) {
 			s.keep(p[start:])
 		}
 	}
 }
+
+// jsonStructural marks the bytes that matter inside an object or array,
+// outside strings.
+var jsonStructural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
 
 // endJSONFrame ends the frame p[start:end]; it returns false when
 // inspection stopped.
