@@ -69,7 +69,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status. Default $POD_NAME, else the host name.")
 	fs.StringVar(&o.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of this replica. Default $POD_NAMESPACE.")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-check-timeout", 15*time.Second, "How long to wait for the API server at start-up before giving up (1s–5m).")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", proxy.DefaultShutdownGracePeriod, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
 	o.zap.BindFlags(fs)
 }
 
@@ -196,9 +196,8 @@ func run(ctx context.Context, args []string) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "watchgate.watchgate.io",
 		LeaderElectionNamespace: o.leaderElectionNS,
-		// The proxy drains its watches itself (drain delay, then the grace
-		// period); give it room.
-		GracefulShutdownTimeout: ptr.To(o.shutdownGrace + 15*time.Second),
+		// The proxy drains its watches itself; see proxy.DefaultShutdownGracePeriod.
+		GracefulShutdownTimeout: ptr.To(proxy.Options{ShutdownGracePeriod: o.shutdownGrace}.GracefulShutdownTimeout()),
 		// One manager per process; run may still be called again in the
 		// same process (tests), and controller names are fixed.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

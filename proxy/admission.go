@@ -161,18 +161,7 @@ func (a *admission) delay(ctx context.Context, retryAfter time.Duration) bool {
 // details.retryAfterSeconds (at least 1).
 func tooManyRequests(d ratelimit.Decision) *apierrors.StatusError {
 	secs := retryAfterSeconds(d.RetryAfter)
-	var why string
-	switch d.Reason {
-	case ratelimit.ReasonRateLimited:
-		why = "too many watch or list requests"
-	case ratelimit.ReasonTooManyWatches:
-		why = "too many open watches"
-	case ratelimit.ReasonBackingOff:
-		why = "watches keep failing, backing off"
-	default:
-		why = string(d.Reason)
-	}
-	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", why, d.Budget, secs), secs)
+	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", ReasonText(d.Reason), d.Budget, secs), secs)
 }
 
 func retryAfterSeconds(d time.Duration) int {

@@ -142,10 +142,8 @@ func (s *Server) ReadyCheck(_ *http.Request) error {
 	return s.upstreamErr
 }
 
-// Start serves until ctx ends, then shuts down gracefully: readiness drops,
-// the proxy keeps serving for ShutdownDrainDelay, stops accepting
-// connections, closes open watches one by one over ShutdownGracePeriod and
-// waits for the remaining requests (at most a few more seconds).
+// Start serves until ctx ends, then shuts down gracefully as
+// GracefulShutdownTimeout describes.
 func (s *Server) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.opts.BindAddress)
 	if err != nil {
@@ -197,7 +195,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("Shutting down", "drainDelay", s.opts.ShutdownDrainDelay, "gracePeriod", s.opts.ShutdownGracePeriod,
 		"openWatches", s.watches.len())
 	s.opts.Clock.Sleep(s.opts.ShutdownDrainDelay)
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGracePeriod+5*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGracePeriod+shutdownRequestsGrace)
 	defer cancel()
 	shut := make(chan error, 1)
 	go func() { shut <- srv.Shutdown(shutdownCtx) }()
