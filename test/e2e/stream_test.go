@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -98,42 +99,54 @@ func BenchmarkValidVersionWatchOpen(b *testing.B) {
 	ctx := context.Background()
 	ns := uniqueName("valid")
 	sa := serviceAccount(b, ns, "bench", readWatch("configmaps"))
-	if _, err := env.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
 	p := startProxy(b, generous("everyone", 100))
 	rt, err := rest.TransportFor(p.Config(sa.Token, false))
 	if err != nil {
 		b.Fatal(err)
 	}
-	open := func(rv string) (time.Duration, error) {
+	// open returns once the headers came, and keeps the watch open until
+	// release is closed, so a first watch's verdict comes from its stream,
+	// not from its end.
+	open := func(rv string, release <-chan struct{}) (time.Duration, error) {
 		cctx, cancel := context.WithCancel(ctx)
-		defer cancel()
 		req, _ := http.NewRequestWithContext(cctx, http.MethodGet,
 			p.URL+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&timeoutSeconds=30&resourceVersion="+rv, nil)
 		t0 := time.Now()
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
+			cancel()
 			return 0, err
 		}
 		d := time.Since(t0)
-		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			cancel()
+			_ = resp.Body.Close()
+			return d, fmt.Errorf("watch from %s: HTTP %d", rv, resp.StatusCode)
+		}
+		go func() {
+			<-release
+			cancel()
+			_ = resp.Body.Close()
+		}()
 		return d, nil
 	}
 	for _, twins := range []int{1, 8} {
 		b.Run(map[int]string{1: "alone", 8: "with7twins"}[twins], func(b *testing.B) {
 			var mu sync.Mutex
 			var lat []time.Duration
+			heldBefore := proxyMetric(b, "watchgate_proxy_watches_held_total", nil)
 			for b.Loop() {
-				// A fresh valid version each round: the list's.
-				l, err := env.Clientset.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+				// A fresh valid version each round: a new object's, so that no
+				// watch of an earlier round is still asking about it.
+				l, err := env.Clientset.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "v-"}}, metav1.CreateOptions{})
 				if err != nil {
 					b.Fatal(err)
 				}
 				var wg sync.WaitGroup
+				release := make(chan struct{})
 				for range twins {
 					wg.Go(func() {
-						d, err := open(l.ResourceVersion)
+						d, err := open(l.ResourceVersion, release)
 						if err != nil {
 							b.Error(err)
 							return
@@ -144,11 +157,13 @@ func BenchmarkValidVersionWatchOpen(b *testing.B) {
 					})
 				}
 				wg.Wait()
+				close(release)
 			}
 			slices.Sort(lat)
 			if len(lat) > 0 {
 				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+				b.ReportMetric((proxyMetric(b, "watchgate_proxy_watches_held_total", nil)-heldBefore)/float64(b.N), "held/op")
 			}
 		})
 	}
