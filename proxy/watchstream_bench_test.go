@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -131,3 +132,64 @@ func BenchmarkWatchThroughProxy(b *testing.B) {
 }
 
 func upstreamConfig(host string) *rest.Config { return &rest.Config{Host: host} }
+
+// BenchmarkIdleWatchMemory opens 200 idle watches (the upstream holds them
+// open and sends nothing) through a bare httputil.ReverseProxy and through
+// watchgate's chain, in process over HTTP/1.1, and reports goroutines and
+// heap bytes in use per open watch (client, proxy and upstream together).
+//
+//	go test -run '^$' -bench BenchmarkIdleWatchMemory -benchtime 1x -count 3 ./proxy/
+func BenchmarkIdleWatchMemory(b *testing.B) {
+	const watches = 200
+	hold := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}))
+	b.Cleanup(upstream.Close)
+	b.Cleanup(func() { close(hold) })
+	target, _ := url.Parse(upstream.URL)
+	bare := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		FlushInterval: -1,
+		ErrorLog:      log.New(io.Discard, "", 0),
+	})
+	b.Cleanup(bare.Close)
+	for _, via := range []struct {
+		name string
+		url  string
+	}{{"bare", bare.URL}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL}} {
+		b.Run(via.name, func(b *testing.B) {
+			for b.Loop() {
+				client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: watches}}
+				runtime.GC()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				g0 := runtime.NumGoroutine()
+				var bodies []io.Closer
+				for i := range watches {
+					req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/api/v1/namespaces/n%d/configmaps?watch=true", via.url, i), nil)
+					req.Header.Set("Authorization", "Bearer alice")
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					bodies = append(bodies, resp.Body)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				b.ReportMetric(float64(runtime.NumGoroutine()-g0)/watches, "goroutines/watch")
+				b.ReportMetric(float64(int64(after.HeapInuse)-int64(before.HeapInuse))/watches, "heap-B/watch")
+				for _, c := range bodies {
+					_ = c.Close()
+				}
+				client.CloseIdleConnections()
+			}
+		})
+	}
+}
