@@ -109,7 +109,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.localServiceAccountTokens, "local-service-account-tokens", true, "Verify the API server's service-account JWTs locally against its published keys (/openid/v1/jwks) instead of with a TokenReview. "+
 		"Only whose budget a request spends depends on it: the API server authenticates every forwarded request itself.")
 	fs.StringVar(&o.serviceAccountAudiences, "service-account-audiences", "", "Comma-separated audiences a locally verified service-account token must name one of. Empty: the issuer (kube-apiserver's default --api-audiences). Other tokens are reviewed.")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", proxy.DefaultShutdownGracePeriod, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
 	fs.IntVar(&o.webhookPort, "webhook-port", 0, "Port the pod injection webhook (HTTPS) listens on; 0 (default) disables injection and the CA publisher. Needs --tls-cert-file.")
 	fs.StringVar(&o.webhookCertFile, "webhook-cert-file", "", "Serving certificate of the webhook (PEM), reloaded when it changes. Default --tls-cert-file.")
 	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "Private key of --webhook-cert-file, in the same folder. Default --tls-private-key-file.")
@@ -295,9 +295,8 @@ func run(ctx context.Context, args []string) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "watchgate.watchgate.io",
 		LeaderElectionNamespace: o.leaderElectionNS,
-		// The proxy drains its watches itself (drain delay, then the grace
-		// period); give it room.
-		GracefulShutdownTimeout: ptr.To(o.shutdownGrace + 15*time.Second),
+		// The proxy drains its watches itself; see proxy.DefaultShutdownGracePeriod.
+		GracefulShutdownTimeout: ptr.To(proxy.Options{ShutdownGracePeriod: o.shutdownGrace}.GracefulShutdownTimeout()),
 		// One manager per process; run may still be called again in the
 		// same process (tests), and controller names are fixed.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -155,17 +156,6 @@ func identityRef(user string) *corev1.ObjectReference {
 	return &corev1.ObjectReference{Kind: "User", APIVersion: rbacv1.SchemeGroupVersion.String(), Name: user}
 }
 
-// describeReason says what a reason means, for an Event's note.
-func describeReason(r ratelimit.Reason) string {
-	switch r {
-	case ratelimit.ReasonRateLimited:
-		return "opens or lists over the budget's rate"
-	case ratelimit.ReasonTooManyWatches:
-		return "too many watches open at once"
-	case ratelimit.ReasonBackingOff:
-		return "backing off after watches that failed or ended too soon"
-	case ratelimit.ReasonStaleResourceVersion:
-		return "resubscribing with a resourceVersion the API server declared too old"
-	}
-	return string(r)
-}
+// describeReason says what a reason means, for an Event's note: the words
+// the client's 429 uses too.
+func describeReason(r ratelimit.Reason) string { return proxy.ReasonText(r) }

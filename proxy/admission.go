@@ -9,7 +9,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/ratelimit"
@@ -34,6 +33,12 @@ type admission struct {
 	// caps how many rejections wait at once.
 	maxDelay   time.Duration
 	delaySlots chan struct{}
+	// pending holds back concurrent watches from one resourceVersion
+	// while the first asks the API server (nil: none are held);
+	// quietWindow and pendingWait are its timings (see pendingVersions).
+	pending     *pendingVersions
+	quietWindow time.Duration
+	pendingWait time.Duration
 }
 
 // withAdmission decides every budgeted request (see classify) with the
@@ -50,6 +55,19 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			requestsTotal.WithLabelValues("other", "allow", "", "", "").Inc()
 			next.ServeHTTP(w, r)
 			return
+		}
+		var first *pendingVersion
+		if k, ok := pendingVersionKey(c); ok && a.pending != nil {
+			var wait <-chan struct{}
+			first, wait = a.pending.join(k)
+			if first != nil {
+				defer first.resolve()
+			} else if wait != nil {
+				watchesHeld.Inc()
+				if !waitVerdict(r.Context(), wait, a.pendingWait) {
+					return // the client left
+				}
+			}
 		}
 		start := a.clock.Now()
 		d := a.engine.Decide(start, &ratelimit.Request{
@@ -88,7 +106,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			}
 			writeStatus(w, r, tooManyRequests(d))
 		case c.Verb == ratelimit.VerbWatch:
-			a.serveWatch(w, r, c, d, start, next)
+			a.serveWatch(w, r, c, d, start, first, next)
 		default:
 			next.ServeHTTP(w, r)
 		}
@@ -97,25 +115,24 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 
 // serveWatch forwards an admitted watch and reports its end to the engine,
 // also when the proxy panics out of the stream (http.ErrAbortHandler).
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d ratelimit.Decision, start time.Time, next http.Handler) {
+// first, when not nil, is the version this watch asks about for its twins.
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d ratelimit.Decision, start time.Time, first *pendingVersion, next http.Handler) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: d, started: start,
-		clientCtx: r.Context(), cancel: cancel,
+		clientCtx: r.Context(), cancel: cancel, verdict: first, quietWindow: a.quietWindow,
 	}
 	defer ws.end()
 	if !a.watches.add(ws) {
-		e := apierrors.NewServiceUnavailable("watchgate is shutting down, please try again")
-		e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
-		writeStatus(w, r, e)
+		writeStatus(w, r, serviceUnavailable(shuttingDownMessage))
 		return
 	}
 	defer a.watches.remove(ws)
 	activeWatches.Inc()
 	defer activeWatches.Dec()
 	upstreamWatchOpens.Inc()
-	next.ServeHTTP(w, r.WithContext(withWatchState(ctx, ws)))
+	next.ServeHTTP(w, r.WithContext(withAdmittedWatch(ctx, ws)))
 }
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are
@@ -145,18 +162,7 @@ func (a *admission) delay(ctx context.Context, retryAfter time.Duration) bool {
 // details.retryAfterSeconds (at least 1).
 func tooManyRequests(d ratelimit.Decision) *apierrors.StatusError {
 	secs := retryAfterSeconds(d.RetryAfter)
-	var why string
-	switch d.Reason {
-	case ratelimit.ReasonRateLimited:
-		why = "too many watch or list requests"
-	case ratelimit.ReasonTooManyWatches:
-		why = "too many open watches"
-	case ratelimit.ReasonBackingOff:
-		why = "watches keep failing, backing off"
-	default:
-		why = string(d.Reason)
-	}
-	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", why, d.Budget, secs), secs)
+	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", ReasonText(d.Reason), d.Budget, secs), secs)
 }
 
 func retryAfterSeconds(d time.Duration) int {

@@ -124,7 +124,7 @@ func TestTooOldAnswerInTheClientsFraming(t *testing.T) {
 			if rec.Code != 200 || rec.Header().Get("Content-Type") != wantType {
 				t.Fatalf("HTTP %d %q, want 200 %q", rec.Code, rec.Header().Get("Content-Type"), wantType)
 			}
-			info, ok := streamSerializerFor(rec.Header().Get("Content-Type"), "")
+			info, ok := referenceStreamInfo(rec.Header().Get("Content-Type"))
 			if !ok {
 				t.Fatal("no decoder for the answer's content type")
 			}

@@ -60,6 +60,19 @@ func writeStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusEr
 	_, _ = w.Write(body.Bytes())
 }
 
+// shuttingDownMessage answers requests that come while the proxy closes.
+const shuttingDownMessage = "watchgate is shutting down, please try again"
+
+// serviceUnavailable is the 503 Status the proxy answers when it cannot
+// serve a request now (shutting down, API server or reviews unreachable),
+// with details.retryAfterSeconds 1, so that writeStatus adds Retry-After
+// and client-go retries after a second.
+func serviceUnavailable(message string) *apierrors.StatusError {
+	e := apierrors.NewServiceUnavailable(message)
+	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+	return e
+}
+
 // tooOldMessage is the message of a locally answered stale watch. It starts
 // like kube-apiserver's watch cache message, because browser front-ends only
 // recognise the text "too old" to trigger their resync.

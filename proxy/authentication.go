@@ -101,13 +101,8 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 // reviewUnavailable is the fail-closed answer when a review failed: 503
 // with Retry-After.
 func reviewUnavailable(what string) *apierrors.StatusError {
-	e := apierrors.NewServiceUnavailable(what + " is unavailable, please try again later")
-	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: reviewRetryAfterSeconds}
-	return e
+	return serviceUnavailable(what + " is unavailable, please try again later")
 }
-
-// reviewRetryAfterSeconds is the Retry-After of a failed review.
-const reviewRetryAfterSeconds = 1
 
 // clientAddress is the IP the request came from, without port: the
 // requester of its TokenReviews. Forwarding headers are not trusted.

@@ -1,9 +1,15 @@
 package proxy
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"reflect"
+	"strings"
 	"testing"
+
+	"k8s.io/klog/v2"
 
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -49,7 +55,7 @@ func TestClassify(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil))
+			c, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil), discardLogs())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,5 +65,72 @@ func TestClassify(t *testing.T) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// FuzzClassification: on arbitrary paths and queries classification never
+// panics, and its RequestInfo is exactly RequestInfoFactory's, also where
+// the proxy parses the query first to keep the factory from logging it.
+func FuzzClassification(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"/api/v1/namespaces/ns/configmaps", "watch=true&resourceVersion=42"},
+		{"/api/v1/watch/namespaces/ns/pods/p", "labelSelector=a%3Db"},
+		{"/apis/apps/v1/deployments", "labelSelector=%3D%3D%3D&watch=1"},
+		{"/api/v1/pods", "fieldSelector=metadata.name%3Dx"},
+		{"/api/v1/pods", "watch=maybe&limit=x"},
+		{"/apis/g/v/namespaces/n/r/name/sub", "watch=true"},
+		{"/version", "x=1"},
+		{"//api/v1/../pods", "%zz"},
+	} {
+		f.Add(http.MethodGet, seed[0], seed[1])
+	}
+	f.Add(http.MethodDelete, "/api/v1/namespaces/ns/pods", "labelSelector=%21%21")
+	factory := newRequestInfoFactory()
+	f.Fuzz(func(t *testing.T, method, path, query string) {
+		if method == "" {
+			method = http.MethodGet
+		}
+		r := &http.Request{Method: method, URL: &url.URL{Path: path, RawQuery: query}, Header: http.Header{}}
+		want, werr := factory.NewRequestInfo(r)
+		c, err := classify(factory, r, discardLogs())
+		if (err != nil) != (werr != nil) {
+			t.Fatalf("classify error %v, factory error %v", err, werr)
+		}
+		if err != nil {
+			return
+		}
+		if !reflect.DeepEqual(c.Info, want) {
+			t.Fatalf("classified %#v, the factory says %#v", c.Info, want)
+		}
+		if c.Verb != 0 && (c.Info.Verb != "watch" && c.Info.Verb != "list" || !c.Info.IsResourceRequest || c.Info.Subresource != "") {
+			t.Fatalf("budgeted verb %v for %#v", c.Verb, c.Info)
+		}
+	})
+}
+
+// Issue 9 finding 6: an unparsable selector never reaches klog through the
+// factory; the proxy logs it sampled and cut to maxLoggedValueBytes.
+func TestUnparsableSelectorLogIsBounded(t *testing.T) {
+	var lines []string
+	logs := newSampledLogger(funcLogger(func(msg string) { lines = append(lines, msg) }), 1000, 1000)
+	var klogged bytes.Buffer
+	klog.SetOutput(&klogged)
+	klog.LogToStderr(false)
+	t.Cleanup(func() { klog.LogToStderr(true) })
+	huge := strings.Repeat("!", 1<<20)
+	r := httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true&labelSelector="+url.QueryEscape(huge), nil)
+	c, err := classify(newRequestInfoFactory(), r, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Info.Verb != "watch" || c.Info.LabelSelector != huge || c.LabelSelector != huge {
+		t.Errorf("verb %q, selector of %d bytes; want watch with the selector as sent", c.Info.Verb, len(c.Info.LabelSelector))
+	}
+	klog.Flush()
+	if klogged.Len() != 0 {
+		t.Errorf("klog got %d bytes from the factory, want none", klogged.Len())
+	}
+	if len(lines) != 1 || len(lines[0]) > 4*maxLoggedValueBytes {
+		t.Errorf("proxy logged %d lines (%d bytes in all), want one bounded line", len(lines), len(strings.Join(lines, "")))
 	}
 }

@@ -13,7 +13,7 @@ const (
 	callerKey         contextKey = iota // user.Info: who the token belongs to
 	identityKey                         // user.Info: whose budget the request spends
 	classificationKey                   // *classification
-	watchKey                            // *watchState
+	admittedWatchKey                    // *watchState of an admitted watch
 )
 
 func withCaller(ctx context.Context, u user.Info) context.Context {
@@ -53,11 +53,13 @@ func classificationFrom(ctx context.Context) (*classification, bool) {
 	return c, ok
 }
 
-func withWatchState(ctx context.Context, w *watchState) context.Context {
-	return context.WithValue(ctx, watchKey, w)
+func withAdmittedWatch(ctx context.Context, w *watchState) context.Context {
+	return context.WithValue(ctx, admittedWatchKey, w)
 }
 
-func watchStateFrom(ctx context.Context) *watchState {
-	w, _ := ctx.Value(watchKey).(*watchState)
+// admittedWatchFrom returns the state of the admitted watch the request
+// is, nil for every other request.
+func admittedWatchFrom(ctx context.Context) *watchState {
+	w, _ := ctx.Value(admittedWatchKey).(*watchState)
 	return w
 }

@@ -26,11 +26,24 @@
 // credentials serve only its TokenReviews, SubjectAccessReviews and its
 // readiness probe of the API server.
 //
-// Watch streams are read as they pass (watchstream.go): the frames are decoded
-// on the side with apimachinery's framers, without holding the stream back; an
-// ERROR event with code 410 teaches the engine that the request's
-// resourceVersion is stale, and the end of every watch (how long it lived and
-// whether it failed) goes to engine.WatchEnded exactly once.
+// Watch streams are read as they pass (watchstream.go, streaminspector.go):
+// the proxy frames JSON and protobuf streams itself in the reverse proxy's
+// read, without a goroutine or a buffer per idle watch and without holding
+// the stream back, and decodes with apimachinery's serializer only frames
+// that can be ERROR events; a frame over MaxInspectedFrameBytes (4 MiB) ends
+// inspection of that stream. An ERROR event with code 410 teaches the engine
+// that the request's resourceVersion is stale, and the end of every watch
+// (how long it lived and whether it failed; a 401/403 is "denied", not a
+// failure) goes to engine.WatchEnded exactly once.
+//
+// Concurrent watches from one explicit resourceVersion ask the API server
+// once (pendingversions.go): while the first one's verdict is unknown its
+// twins wait (bounded), then are decided again, so they get the local 410
+// once the engine learnt the version stale, or go upstream.
+//
+// Caller-chosen strings in logs are cut (boundedForLog), and a collection
+// GET whose query does not parse is logged by the proxy, sampled, instead of
+// in full by RequestInfoFactory (classification.go).
 //
 // Answers the proxy gives itself mirror kube-apiserver's: Status bodies in
 // the negotiated media type; the stale-version stream with the API server's
@@ -40,7 +53,7 @@
 // Metrics (controller-runtime's registry, no user names as labels):
 // watchgate_proxy_requests_total{verb,decision,reason,budget,enforcement},
 // watchgate_proxy_active_watches, watchgate_proxy_upstream_watch_opens_total,
-// watchgate_proxy_watches_ended_total{outcome},
+// watchgate_proxy_watches_ended_total{outcome}, watchgate_proxy_watches_held_total,
 // watchgate_proxy_stale_versions_learned_total,
 // watchgate_proxy_decision_duration_seconds{verb},
 // watchgate_proxy_review_cache_lookups_total{review,result},
@@ -55,5 +68,5 @@
 // Server is a controller-runtime Runnable that runs on every replica. On
 // shutdown readiness drops first; open watches are then closed one by one
 // over a grace period, so that their clients do not all reconnect to the other
-// replicas at the same instant.
+// replicas at the same instant (the timings: Options.GracefulShutdownTimeout).
 package proxy

@@ -110,14 +110,14 @@ func discardLogs() *sampledLogger { return newSampledLogger(logr.Discard(), 1000
 
 // newTestProxy serves the whole chain, with testTokens and
 // testImpersonation, in front of upstream (a plain HTTP server).
-func newTestProxy(t *testing.T, engine Engine, upstream http.Handler) *httptest.Server {
+func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.Server {
 	t.Helper()
 	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
 	return newTestProxyTo(t, engine, &rest.Config{Host: up.URL})
 }
 
-func newTestProxyTo(t *testing.T, engine Engine, upstream *rest.Config) *httptest.Server {
+func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptest.Server {
 	t.Helper()
 	target, transport, err := upstreamTransport(upstream)
 	if err != nil {
@@ -127,6 +127,7 @@ func newTestProxyTo(t *testing.T, engine Engine, upstream *rest.Config) *httptes
 	adm := &admission{
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs,
 		maxDelay: 50 * time.Millisecond, delaySlots: make(chan struct{}, 8),
+		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
 	}
 	h := chain(testTokens, testImpersonation, FailClosed, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)

@@ -107,7 +107,7 @@ func TestBudgetIdentity(t *testing.T) {
 				wantCode = 200
 			}
 			var got user.Info
-			h := withClassification(newRequestInfoFactory(), withBudgetIdentity(auth, policy, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := withClassification(newRequestInfoFactory(), discardLogs(), withBudgetIdentity(auth, policy, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				got, _ = identityFrom(r.Context())
 			})))
 			req := httptest.NewRequest(http.MethodGet, path, nil)

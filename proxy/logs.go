@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"strings"
 	"sync/atomic"
 
 	"github.com/go-logr/logr"
@@ -34,4 +36,17 @@ func (s *sampledLogger) Info(msg string, keysAndValues ...any) {
 		keysAndValues = append(keysAndValues, "suppressedSinceLast", n)
 	}
 	s.log.Info(msg, keysAndValues...)
+}
+
+// maxLoggedValueBytes bounds a caller-chosen string in a log line.
+const maxLoggedValueBytes = 256
+
+// boundedForLog returns s, cut to maxLoggedValueBytes with the number of
+// bytes left out, so that a caller cannot make a log line as large as its
+// request.
+func boundedForLog(s string) string {
+	if len(s) <= maxLoggedValueBytes {
+		return s
+	}
+	return fmt.Sprintf("%s…(%d more bytes)", strings.ToValidUTF8(s[:maxLoggedValueBytes], ""), len(s)-maxLoggedValueBytes)
 }

@@ -27,8 +27,13 @@ var (
 
 	watchesEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_watches_ended_total",
-		Help: "Forwarded watches that ended, by outcome (closed, error).",
+		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403).",
 	}, []string{"outcome"})
+
+	watchesHeld = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "watchgate_proxy_watches_held_total",
+		Help: "Watch opens held back while another watch from the same resourceVersion asked the API server whether it is too old.",
+	})
 
 	staleVersionsLearned = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "watchgate_proxy_stale_versions_learned_total",
@@ -58,6 +63,6 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded,
+	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesHeld,
 		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled, logsSuppressed)
 }

@@ -125,11 +125,9 @@ type Options struct {
 	MaxRejectDelay       time.Duration
 	MaxDelayedRejections int
 
-	// ShutdownDrainDelay is how long the proxy keeps serving after
-	// readiness dropped, so that load balancers stop sending new clients;
-	// default 5s. ShutdownGracePeriod is the time over which open watches
-	// are closed one by one; default 15s. Their sum should stay below the
-	// manager's graceful shutdown timeout (30s by default).
+	// ShutdownDrainDelay and ShutdownGracePeriod time the shutdown; see
+	// GracefulShutdownTimeout. Defaults DefaultShutdownDrainDelay and
+	// DefaultShutdownGracePeriod.
 	ShutdownDrainDelay  time.Duration
 	ShutdownGracePeriod time.Duration
 	// SweepInterval is how often engine.Sweep runs; default 30s.
@@ -262,12 +260,38 @@ func (o Options) complete() Options {
 	}
 	def(&o.MaxRejectDelay, time.Second)
 	defInt(&o.MaxDelayedRejections, 4096)
-	def(&o.ShutdownDrainDelay, 5*time.Second)
-	def(&o.ShutdownGracePeriod, 15*time.Second)
+	def(&o.ShutdownDrainDelay, DefaultShutdownDrainDelay)
+	def(&o.ShutdownGracePeriod, DefaultShutdownGracePeriod)
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
 	return o
+}
+
+// Shutdown timing, all of it. When the manager's context ends, Start
+//  1. drops readiness and keeps serving for ShutdownDrainDelay, so that load
+//     balancers stop sending new clients (default 5s);
+//  2. stops accepting connections and closes open watches one by one over
+//     ShutdownGracePeriod, so that their clients do not all reconnect to the
+//     other replicas at once (default 30s, as --shutdown-grace-period);
+//  3. waits at most shutdownRequestsGrace more for the other requests, then
+//     closes what is still open.
+//
+// The manager must give Start that long and a little more:
+// GracefulShutdownTimeout, 45s with the defaults.
+const (
+	DefaultShutdownDrainDelay  = 5 * time.Second
+	DefaultShutdownGracePeriod = 30 * time.Second
+	shutdownRequestsGrace      = 5 * time.Second
+	shutdownMargin             = 5 * time.Second
+)
+
+// GracefulShutdownTimeout is how long Start may take after its context
+// ended, with o's timings (defaults filled in), plus a margin: the
+// manager's GracefulShutdownTimeout.
+func (o Options) GracefulShutdownTimeout() time.Duration {
+	c := o.complete()
+	return c.ShutdownDrainDelay + c.ShutdownGracePeriod + shutdownRequestsGrace + shutdownMargin
 }

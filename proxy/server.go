@@ -115,6 +115,7 @@ func NewServer(opts Options) (*Server, error) {
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
+		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
 	}
 
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
@@ -129,7 +130,7 @@ func NewServer(opts Options) (*Server, error) {
 func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
 	h = withBudgetIdentity(impersonation, policy, logs, h)
-	h = withClassification(newRequestInfoFactory(), h)
+	h = withClassification(newRequestInfoFactory(), logs, h)
 	return withAuthentication(tokens, policy, logs, h)
 }
 
@@ -163,10 +164,8 @@ func (s *Server) ReadyCheck(_ *http.Request) error {
 	return s.upstreamErr
 }
 
-// Start serves until ctx ends, then shuts down gracefully: readiness drops,
-// the proxy keeps serving for ShutdownDrainDelay, stops accepting
-// connections, closes open watches one by one over ShutdownGracePeriod and
-// waits for the remaining requests (at most a few more seconds).
+// Start serves until ctx ends, then shuts down gracefully as
+// GracefulShutdownTimeout describes.
 func (s *Server) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.opts.BindAddress)
 	if err != nil {
@@ -221,7 +220,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("Shutting down", "drainDelay", s.opts.ShutdownDrainDelay, "gracePeriod", s.opts.ShutdownGracePeriod,
 		"openWatches", s.watches.len())
 	s.opts.Clock.Sleep(s.opts.ShutdownDrainDelay)
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGracePeriod+5*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGracePeriod+shutdownRequestsGrace)
 	defer cancel()
 	shut := make(chan error, 1)
 	go func() { shut <- srv.Shutdown(shutdownCtx) }()

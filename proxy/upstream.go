@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -105,39 +103,24 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 		FlushInterval: -1,
 		ErrorLog:      errorLog,
 		ModifyResponse: func(resp *http.Response) error {
-			ws := watchStateFrom(resp.Request.Context())
-			if ws == nil {
-				return nil
+			if ws := admittedWatchFrom(resp.Request.Context()); ws != nil {
+				ws.upstreamAnswered(resp)
 			}
-			if resp.StatusCode == http.StatusSwitchingProtocols {
-				return nil // a watch over WebSocket: relayed, not inspected
-			}
-			ws.upstreamCode.Store(int32(resp.StatusCode))
-			if resp.StatusCode != http.StatusOK {
-				return nil
-			}
-			info, inspect := streamSerializerFor(resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding"))
-			ws.body = newWatchBody(ws, resp.Body, info, inspect)
-			resp.Body = ws.body
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			ws := watchStateFrom(r.Context())
-			if ws != nil {
-				ws.transportErr.Store(true)
+			stopped := false
+			if ws := admittedWatchFrom(r.Context()); ws != nil {
+				stopped = ws.upstreamFailed()
 			}
 			switch {
-			case ws != nil && ws.stopped.Load():
-				e := apierrors.NewServiceUnavailable("watchgate is shutting down, please try again")
-				e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
-				writeStatus(w, r, e)
+			case stopped:
+				writeStatus(w, r, serviceUnavailable(shuttingDownMessage))
 			case errors.Is(err, http.ErrAbortHandler), r.Context().Err() != nil:
 				// The client left; nobody to answer.
 			default:
-				logs.Info("Cannot reach the API server", "method", r.Method, "path", r.URL.Path, "err", err.Error())
-				e := apierrors.NewServiceUnavailable("the API server is unreachable through watchgate, please try again")
-				e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
-				writeStatus(w, r, e)
+				logs.Info("Cannot reach the API server", "method", r.Method, "path", boundedForLog(r.URL.Path), "err", err.Error())
+				writeStatus(w, r, serviceUnavailable("the API server is unreachable through watchgate, please try again"))
 			}
 		},
 	}

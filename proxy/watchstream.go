@@ -5,14 +5,13 @@ import (
 	"errors"
 	"io"
 	"mime"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/ratelimit"
@@ -21,9 +20,13 @@ import (
 // watchState follows one admitted watch from its decision to its end and
 // reports that end to the engine exactly once (end), however the watch
 // ended: the API server closed it, answered an error, died, the client left,
-// or the proxy closed it on shutdown.
+// or the proxy closed it on shutdown. It is the only owner of these fields:
+// the forwarder reports what it saw through upstreamAnswered and
+// upstreamFailed.
 //
-// The request's goroutine owns it; stop may be called from any goroutine.
+// The request's goroutine owns it (the reverse proxy reads the body and
+// calls ModifyResponse and ErrorHandler on it); stop may be called from any
+// goroutine.
 type watchState struct {
 	engine   Engine
 	clock    clock.PassiveClock
@@ -35,6 +38,12 @@ type watchState struct {
 	// upstream request's context, derived from it.
 	clientCtx context.Context
 	cancel    context.CancelFunc
+	// verdict, when not nil, is the pending version this watch asks the
+	// API server about for its twins (pendingVersions); quietWindow is how
+	// long after a 200 without an ERROR event the version counts as valid.
+	verdict     *pendingVersion
+	quietWindow time.Duration
+	quiet       *time.Timer
 
 	stopped      atomic.Bool  // the proxy closed the watch (shutdown)
 	upstreamCode atomic.Int32 // the API server's status code; 0 before it answered
@@ -59,21 +68,61 @@ func (ws *watchState) clientGone() bool {
 	return ws.stopped.Load() || ws.clientCtx.Err() != nil
 }
 
-// end waits for the stream reader and reports the watch's lifetime and
-// outcome to the engine; only the first call does anything.
+// upstreamAnswered is what the forwarder's ModifyResponse does for a
+// watch: it records the API server's status code and, for a 200 stream in
+// JSON or protobuf, wraps the body to inspect it as it passes.
+func (ws *watchState) upstreamAnswered(resp *http.Response) {
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		ws.resolveVerdict()
+		return // a watch over WebSocket: relayed, not inspected
+	}
+	ws.upstreamCode.Store(int32(resp.StatusCode))
+	if resp.StatusCode != http.StatusOK {
+		ws.resolveVerdict()
+		return
+	}
+	ws.body = newWatchBody(ws, resp.Body, resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding"))
+	resp.Body = ws.body
+	if ws.verdict != nil {
+		// kube-apiserver sends the ERROR event of a too old version right
+		// behind the headers; a quiet stream means the version is valid.
+		ws.quiet = time.AfterFunc(ws.quietWindow, ws.verdict.resolve)
+	}
+}
+
+// upstreamFailed is what the forwarder's ErrorHandler records for a watch
+// the API server did not answer; it returns whether the proxy itself closed
+// the watch (shutdown).
+func (ws *watchState) upstreamFailed() (stoppedByProxy bool) {
+	ws.transportErr.Store(true)
+	ws.resolveVerdict()
+	return ws.stopped.Load()
+}
+
+// end reports the watch's lifetime and outcome to the engine; only the
+// first call does anything. The stream has been read by then: the reverse
+// proxy reads it in the request's goroutine, before end runs.
+//
+// An upstream 401 or 403 is OutcomeDenied, not a failure: RBAC said no,
+// and watching again changes nothing the backoff could help with.
 func (ws *watchState) end() {
 	ws.endOnce.Do(func() {
+		if ws.quiet != nil {
+			ws.quiet.Stop()
+		}
+		ws.resolveVerdict()
 		outcome := ratelimit.OutcomeClosed
 		if b := ws.body; b != nil {
 			_ = b.Close()
-			<-b.done
 			if b.readErr != nil && !ws.clientGone() {
 				outcome = ratelimit.OutcomeError
 			}
 		}
 		code := ws.upstreamCode.Load()
 		switch {
-		case ws.errorEvent.Load(), code != 0 && code != 200:
+		case code == http.StatusUnauthorized || code == http.StatusForbidden:
+			outcome = ratelimit.OutcomeDenied
+		case ws.errorEvent.Load(), code != 0 && code != http.StatusOK:
 			outcome = ratelimit.OutcomeError
 		case ws.transportErr.Load() && !ws.clientGone():
 			outcome = ratelimit.OutcomeError
@@ -81,21 +130,37 @@ func (ws *watchState) end() {
 		now := ws.clock.Now()
 		ws.engine.WatchEnded(now, ws.decision.Watch, now.Sub(ws.started), outcome)
 		label := "closed"
-		if outcome == ratelimit.OutcomeError {
+		switch outcome {
+		case ratelimit.OutcomeError:
 			label = "error"
+		case ratelimit.OutcomeDenied:
+			label = "denied"
 		}
 		watchesEnded.WithLabelValues(label).Inc()
 	})
 }
 
-// sawError is called for every ERROR event in the stream. A Status with
-// code 410 teaches the engine that the request's resourceVersion is stale.
-func (ws *watchState) sawError(raw []byte) {
-	ws.errorEvent.Store(true)
-	obj, err := runtime.Decode(metaCodecs.UniversalDeserializer(), raw)
-	if err != nil {
-		return
+// resolveVerdict releases the twins waiting on this watch's version, if
+// any, without a verdict of its own: they decide again and go upstream
+// unless the engine has learnt the version stale meanwhile.
+func (ws *watchState) resolveVerdict() {
+	if ws.verdict != nil {
+		ws.verdict.resolve()
 	}
+}
+
+// sawEvent is called for every event in the stream that is not an ERROR:
+// the version was valid.
+func (ws *watchState) sawEvent() {
+	ws.resolveVerdict()
+}
+
+// sawError is called for every ERROR event in the stream with its object.
+// A Status with code 410 teaches the engine that the request's
+// resourceVersion is stale, before any twin waiting on it decides.
+func (ws *watchState) sawError(obj runtime.Object) {
+	ws.errorEvent.Store(true)
+	defer ws.resolveVerdict()
 	status, ok := obj.(*metav1.Status)
 	if !ok || status.Code != 410 {
 		return
@@ -107,62 +172,62 @@ func (ws *watchState) sawError(raw []byte) {
 	ws.engine.StaleVersionSeen(ws.clock.Now(), ws.c.Info.APIGroup, ws.c.Info.Resource, rv)
 	staleVersionsLearned.Inc()
 	ws.log.Info("Learned stale resourceVersion", "group", ws.c.Info.APIGroup, "resource", ws.c.Info.Resource,
-		"resourceVersion", rv, "message", status.Message)
+		"resourceVersion", boundedForLog(rv), "message", boundedForLog(status.Message))
 }
 
-// streamSerializerFor returns how to read a watch stream of the given
-// Content-Type (JSON or protobuf), or false for anything else (the stream
-// then passes unread).
-func streamSerializerFor(contentType, contentEncoding string) (runtime.StreamSerializerInfo, bool) {
+// streamFramingFor returns how a watch stream of the given Content-Type
+// is framed and the serializer that decodes one event, or false for
+// anything but identity-encoded JSON and protobuf (the stream then passes
+// unread).
+func streamFramingFor(contentType, contentEncoding string) (framing, runtime.Serializer, bool) {
 	if contentEncoding != "" && contentEncoding != "identity" {
-		return runtime.StreamSerializerInfo{}, false
+		return 0, nil, false
 	}
 	mediaType, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
-		return runtime.StreamSerializerInfo{}, false
+		return 0, nil, false
+	}
+	var f framing
+	switch mediaType {
+	case runtime.ContentTypeJSON:
+		f = jsonFraming
+	case runtime.ContentTypeProtobuf:
+		f = lengthPrefixedFraming
+	default:
+		return 0, nil, false
 	}
 	info, ok := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), mediaType)
-	if !ok || info.StreamSerializer == nil || info.StreamSerializer.Framer == nil {
-		return runtime.StreamSerializerInfo{}, false
+	if !ok || info.StreamSerializer == nil {
+		return 0, nil, false
 	}
-	return *info.StreamSerializer, true
+	return f, info.StreamSerializer.Serializer, true
 }
 
 // watchBody wraps the API server's watch response body. The bytes pass to
 // the client unchanged, chunk by chunk, as the reverse proxy reads them;
-// each chunk is also handed through a pipe to a goroutine that decodes the
-// frames with apimachinery's framer and streaming decoder and reports ERROR
-// events. Nothing is held back: the pipe hands over one chunk at a time,
-// and a stream the decoder cannot read (garbage, a frame over 16 MiB) is
-// simply no longer inspected.
+// each chunk is also shown to a streamInspector, in the same goroutine,
+// before Read returns. Nothing is held back and nothing runs beside the
+// stream: no goroutine, no pipe, no buffer while the watch is idle.
 type watchBody struct {
-	ws       *watchState
 	upstream io.ReadCloser
-	pw       *io.PipeWriter // nil when the stream is not inspected
-	teeing   bool
-	done     chan struct{} // closed when the decoder has finished
-	readErr  error         // first read error other than io.EOF
+	ws       *watchState
+	inspect  *streamInspector // nil when the stream is not inspected
+	readErr  error            // first read error other than io.EOF
 	closing  sync.Once
 }
 
-func newWatchBody(ws *watchState, upstream io.ReadCloser, info runtime.StreamSerializerInfo, inspect bool) *watchBody {
-	b := &watchBody{ws: ws, upstream: upstream, done: make(chan struct{})}
-	if !inspect {
-		close(b.done)
-		return b
+func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEncoding string) *watchBody {
+	b := &watchBody{ws: ws, upstream: upstream}
+	if f, s, ok := streamFramingFor(contentType, contentEncoding); ok {
+		b.inspect = newStreamInspector(f, s, ws)
 	}
-	pr, pw := io.Pipe()
-	b.pw, b.teeing = pw, true
-	go b.decode(pr, info)
 	return b
 }
 
 func (b *watchBody) Read(p []byte) (int, error) {
 	n, err := b.upstream.Read(p)
-	if n > 0 && b.teeing {
-		if _, werr := b.pw.Write(p[:n]); werr != nil {
-			b.teeing = false // the decoder gave up; keep streaming
-		}
+	if n > 0 && b.inspect != nil {
+		b.inspect.write(p[:n])
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		if b.ws.stopped.Load() {
@@ -179,26 +244,9 @@ func (b *watchBody) Close() error {
 	var err error
 	b.closing.Do(func() {
 		err = b.upstream.Close()
-		if b.pw != nil {
-			_ = b.pw.Close()
+		if b.inspect != nil {
+			b.inspect.release()
 		}
 	})
 	return err
-}
-
-func (b *watchBody) decode(pr *io.PipeReader, info runtime.StreamSerializerInfo) {
-	defer close(b.done)
-	dec := streaming.NewDecoder(info.Framer.NewFrameReader(pr), info.Serializer)
-	defer func() { _ = dec.Close() }()
-	for {
-		var event metav1.WatchEvent
-		if _, _, err := dec.Decode(nil, &event); err != nil {
-			// Unblock and fail any pending and later write.
-			_ = pr.CloseWithError(err)
-			return
-		}
-		if event.Type == string(watch.Error) {
-			b.ws.sawError(event.Object.Raw)
-		}
-	}
 }

@@ -54,7 +54,7 @@ func jsonFrames() [][]byte {
 
 // protobufFrames encodes events the way kube-apiserver does: a
 // length-delimited stream of raw WatchEvents embedding enveloped objects.
-func protobufFrames(t *testing.T) [][]byte {
+func protobufFrames(t testing.TB) [][]byte {
 	info, ok := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
 	if !ok {
 		t.Fatal("no protobuf serializer")
@@ -194,16 +194,22 @@ func TestWatchEnds(t *testing.T) {
 		}
 	})
 
-	t.Run("an error answer ends the watch as an error", func(t *testing.T) {
-		engine := &fakeEngine{}
-		px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			writeStatus(w, r, apierrors.NewForbidden(schemaGR("", "configmaps"), "", nil))
-		}))
-		if resp, _ := get(t, px, "alice", staleWatchURL); resp.StatusCode != 403 {
-			t.Fatalf("HTTP %d, want the upstream's 403", resp.StatusCode)
-		}
-		if ended := engine.waitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeError}) {
-			t.Errorf("ended %v, want [error]", ended)
+	t.Run("an error answer ends the watch as an error, a 401 or 403 as denied", func(t *testing.T) {
+		for code, want := range map[int]ratelimit.Outcome{
+			http.StatusInternalServerError: ratelimit.OutcomeError,
+			http.StatusForbidden:           ratelimit.OutcomeDenied,
+			http.StatusUnauthorized:        ratelimit.OutcomeDenied,
+		} {
+			engine := &fakeEngine{}
+			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				writeStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: int32(code)}})
+			}))
+			if resp, _ := get(t, px, "alice", staleWatchURL); resp.StatusCode != code {
+				t.Fatalf("HTTP %d, want the upstream's %d", resp.StatusCode, code)
+			}
+			if ended := engine.waitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{want}) {
+				t.Errorf("upstream %d: ended %v, want [%v]", code, ended, want)
+			}
 		}
 	})
 }

@@ -169,7 +169,7 @@ func rawGet(t *testing.T, p *testProxy, token, path string, headers map[string]s
 
 // proxyMetric sums the proxy's metric family over the series whose labels
 // include match.
-func proxyMetric(t *testing.T, family string, match map[string]string) float64 {
+func proxyMetric(t testing.TB, family string, match map[string]string) float64 {
 	t.Helper()
 	fams, err := metrics.Registry.Gather()
 	if err != nil {

@@ -1,0 +1,142 @@
+package proxy
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// Bounds of pendingVersions; see there.
+const (
+	// maxPendingVersions caps the versions asked about at once.
+	maxPendingVersions = 4096
+	// maxPendingVersionBytes caps the bytes of their keys (group and
+	// resource names as sent, plus a fixed overhead per entry).
+	maxPendingVersionBytes = 1 << 20
+	pendingVersionOverhead = 128
+	// pendingVersionWait is the longest a twin waits for the first
+	// watch's verdict before it goes its own way.
+	pendingVersionWait = 5 * time.Second
+	// pendingVersionQuietWindow is how long after the first watch's 200
+	// without an ERROR event its version counts as valid. kube-apiserver
+	// writes the ERROR event of a too old version right behind the headers
+	// (from its watch cache at once, from etcd after one round trip).
+	pendingVersionQuietWindow = 100 * time.Millisecond
+)
+
+// versionKey is what a resourceVersion's verdict is about: the version
+// parsed as kube-apiserver parses it (decimal, so "007" is 7), never the
+// string as sent.
+type versionKey struct {
+	group, resource string
+	version         uint64
+}
+
+// pendingVersionKey returns the key of a watch from an explicit
+// resourceVersion, or false for versions that are never too old ("" and
+// "0") or that the proxy cannot parse (those are not held).
+func pendingVersionKey(c *classification) (versionKey, bool) {
+	if c.Verb != ratelimit.VerbWatch || c.ResourceVersion == "" || c.ResourceVersion == "0" {
+		return versionKey{}, false
+	}
+	v, err := strconv.ParseUint(c.ResourceVersion, 10, 64)
+	if err != nil || v == 0 {
+		return versionKey{}, false
+	}
+	return versionKey{group: c.Info.APIGroup, resource: c.Info.Resource, version: v}, true
+}
+
+// pendingVersions makes concurrent watches from one resourceVersion ask
+// the API server once. The first watch from a (group, resource, version)
+// goes on and carries a pendingVersion; its twins that come while the
+// verdict is unknown wait (pendingVersionWait at most, or until the client
+// leaves), then are decided again: by then the engine has learnt the
+// version stale (an ERROR 410 went by) and answers them locally, or the
+// version proved valid and they all go upstream.
+//
+// The verdict is valid as soon as the first watch saw an event that is not
+// an ERROR, or its 200 stayed quiet for pendingVersionQuietWindow; it is
+// "none" (the twins go upstream) when the first watch was rejected, got
+// another status code or an error other than 410, or ended. A watch from a
+// version no other watch is asking about never waits.
+//
+// State is bounded in count (maxPendingVersions) and bytes
+// (maxPendingVersionBytes); when full, watches are not held. It is safe for
+// concurrent use.
+type pendingVersions struct {
+	mu    sync.Mutex
+	m     map[versionKey]*pendingVersion
+	bytes int
+}
+
+// pendingVersion is one version asked about; resolve releases its twins.
+type pendingVersion struct {
+	owner *pendingVersions
+	key   versionKey
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPendingVersions() *pendingVersions {
+	return &pendingVersions{m: map[versionKey]*pendingVersion{}}
+}
+
+func versionKeyBytes(k versionKey) int {
+	return len(k.group) + len(k.resource) + pendingVersionOverhead
+}
+
+// join returns the pendingVersion to carry when this watch is the first
+// from key, or the channel to wait on when another watch is asking; both
+// nil when the table is full.
+func (p *pendingVersions) join(k versionKey) (first *pendingVersion, wait <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pv, ok := p.m[k]; ok {
+		return nil, pv.done
+	}
+	n := versionKeyBytes(k)
+	if len(p.m) >= maxPendingVersions || p.bytes+n > maxPendingVersionBytes {
+		return nil, nil
+	}
+	pv := &pendingVersion{owner: p, key: k, done: make(chan struct{})}
+	p.m[k] = pv
+	p.bytes += n
+	return pv, nil
+}
+
+// resolve ends the wait of pv's twins; only the first call does anything.
+func (pv *pendingVersion) resolve() {
+	pv.once.Do(func() {
+		p := pv.owner
+		p.mu.Lock()
+		delete(p.m, pv.key)
+		p.bytes -= versionKeyBytes(pv.key)
+		p.mu.Unlock()
+		close(pv.done)
+	})
+}
+
+// len is the number of versions asked about.
+func (p *pendingVersions) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.m)
+}
+
+// waitVerdict waits until wait is closed or maxWait passed; it returns
+// false when the client left meanwhile.
+func waitVerdict(ctx context.Context, wait <-chan struct{}, maxWait time.Duration) bool {
+	t := time.NewTimer(maxWait)
+	defer t.Stop()
+	select {
+	case <-wait:
+		return true
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// Concurrent watches from one version ask the API server once: when the
+// first one's stream says 410, the others get the local answer; when it
+// says the version is valid (an event, or a quiet 200), they all go
+// upstream.
+func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
+	for name, tc := range map[string]struct {
+		firstEvent    []byte // what the first upstream watch sends after its headers; nil: nothing
+		wantUpstream  int32
+		wantLocal410s int
+	}{
+		"stale: one upstream watch, every twin answered locally": {jsonFrames()[2], 1, 4},
+		"valid by an event: all go upstream":                     {jsonFrames()[0], 5, 0},
+		"valid by a quiet stream: all go upstream":               {nil, 5, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			engine := &fakeEngine{}
+			engine.decide = func(r *ratelimit.Request) ratelimit.Decision {
+				_, _, stale := engine.snapshot()
+				if len(stale) > 0 {
+					return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "b"}
+				}
+				return ratelimit.Decision{Allowed: true, Budget: "b"}
+			}
+			var upstream atomic.Int32
+			first := make(chan struct{})
+			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := upstream.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(200)
+				w.(http.Flusher).Flush()
+				if n == 1 {
+					<-first // the twins are waiting by now
+					if tc.firstEvent != nil {
+						_, _ = w.Write(tc.firstEvent)
+						w.(http.Flusher).Flush()
+					} else {
+						time.Sleep(3 * pendingVersionQuietWindow) // quiet, and open
+					}
+				}
+			}))
+			var wg sync.WaitGroup
+			bodies := make([]string, 5)
+			wg.Go(func() {
+				_, body := get(t, px, "alice", staleWatchURL)
+				bodies[0] = string(body)
+			})
+			deadline := time.Now().Add(5 * time.Second)
+			for upstream.Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			for i := 1; i < 5; i++ {
+				wg.Go(func() {
+					_, body := get(t, px, "alice", staleWatchURL+"&timeoutSeconds=1")
+					bodies[i] = string(body)
+				})
+			}
+			// Whether the twins join before the verdict or come after it, the
+			// outcome is the same; the pause only makes the first case likely.
+			time.Sleep(50 * time.Millisecond)
+			close(first)
+			wg.Wait()
+			if got := upstream.Load(); got != tc.wantUpstream {
+				t.Errorf("%d upstream watches, want %d", got, tc.wantUpstream)
+			}
+			local := 0
+			for _, b := range bodies[1:] {
+				if strings.Contains(b, "answered by watchgate") {
+					local++
+				}
+			}
+			if local != tc.wantLocal410s {
+				t.Errorf("%d twins answered locally, want %d (bodies %q)", local, tc.wantLocal410s, bodies)
+			}
+		})
+	}
+}
+
+var requestInfoPods = request.RequestInfo{IsResourceRequest: true, Verb: "watch", APIVersion: "v1", Resource: "pods"}
+
+// The table of pending versions is bounded in count and bytes, and keyed
+// by the parsed version: "007" and "7" are one version.
+func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
+	p := newPendingVersions()
+	k1, ok1 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Info: &requestInfoPods})
+	k2, ok2 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Info: &requestInfoPods})
+	if !ok1 || !ok2 || k1 != k2 {
+		t.Fatalf("keys %v %v, want one key for 007 and 7", k1, k2)
+	}
+	for _, rv := range []string{"", "0", "x", "-1", "99999999999999999999999"} {
+		if _, ok := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Info: &requestInfoPods}); ok {
+			t.Errorf("version %q is held, want it passed", rv)
+		}
+	}
+	first, wait := p.join(k1)
+	if first == nil || wait != nil {
+		t.Fatal("the first watch must not wait")
+	}
+	if f, w := p.join(k2); f != nil || w == nil {
+		t.Fatal("a twin must wait")
+	}
+	first.resolve()
+	first.resolve()
+	if p.len() != 0 || p.bytes != 0 {
+		t.Fatalf("%d entries, %d bytes left after resolve", p.len(), p.bytes)
+	}
+	long := strings.Repeat("r", 64<<10)
+	n := 0
+	for i := range maxPendingVersions + 10 {
+		if f, _ := p.join(versionKey{resource: long, version: uint64(i + 1)}); f != nil {
+			n++
+		}
+	}
+	if p.bytes > maxPendingVersionBytes || n >= maxPendingVersions {
+		t.Errorf("%d entries of %d bytes held, want at most %d bytes", n, p.bytes, maxPendingVersionBytes)
+	}
+}

@@ -1,0 +1,385 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// MaxInspectedFrameBytes is the largest watch event, in bytes of its frame,
+// that the proxy inspects: 4 MiB. kube-apiserver stores objects of at most
+// 1.5 MiB (etcd's default --max-request-bytes) and a JSON event of such an
+// object, with base64 data and its envelope, stays well below 4 MiB. A
+// larger frame (only a misbehaving aggregated API server sends one) ends
+// inspection of that stream: its bytes, and all that follow, pass through
+// untouched and nothing more is buffered. apimachinery's JSON framer reads
+// a whole value before any size check, which is why the proxy frames the
+// stream itself.
+const MaxInspectedFrameBytes = 4 << 20
+
+// framing is how a watch stream separates its events.
+type framing uint8
+
+const (
+	// jsonFraming: a sequence of JSON values with optional whitespace
+	// between them, as json.Decoder reads them (apimachinery's JSON framer).
+	jsonFraming framing = iota + 1
+	// lengthPrefixedFraming: each frame is a 4-byte big-endian length and
+	// that many bytes (apimachinery's length-delimited framer, protobuf).
+	lengthPrefixedFraming
+)
+
+// eventSink is told about every event of an inspected stream.
+type eventSink interface {
+	sawEvent()                   // a frame that is not an ERROR event
+	sawError(obj runtime.Object) // an ERROR event, with its decoded object
+}
+
+// streamInspector finds the ERROR events of a watch stream as its bytes go
+// by, without decoding the others. It frames the stream itself, cheaply
+// (JSON: string and nesting state only; protobuf: the length prefix), and
+// decodes with apimachinery's serializer only frames that can be an ERROR
+// event: those whose bytes hold the text ERROR (JSON also when they hold a
+// \u escape of one of its letters). Whitespace and key order do not matter:
+// a candidate is fully decoded.
+//
+// Frames that lie within one chunk are inspected in place; only a frame
+// cut by a chunk boundary is copied, into a pooled buffer released as soon
+// as the frame ends. A frame over MaxInspectedFrameBytes, or bytes that
+// cannot be a watch stream, end inspection for good (off). It differs from
+// apimachinery's decoder only in that a malformed frame that cannot be an
+// ERROR event is skipped rather than ending inspection.
+//
+// Not safe for concurrent use: the reading goroutine owns it.
+type streamInspector struct {
+	framing    framing
+	serializer runtime.Serializer
+	sink       eventSink
+	off        bool
+
+	frameLen int     // bytes of the current frame seen so far
+	buf      *[]byte // the current frame's earlier chunks; nil when it lies in one chunk
+
+	// JSON state between chunks.
+	inFrame, inString, escaped, inScalar bool
+	depth                                int
+
+	// Protobuf state between chunks: header bytes seen, payload bytes due.
+	header  [4]byte
+	nHeader int
+	due     int
+}
+
+func newStreamInspector(f framing, s runtime.Serializer, sink eventSink) *streamInspector {
+	return &streamInspector{framing: f, serializer: s, sink: sink}
+}
+
+// frameBuffers recycles the buffers of frames cut by a chunk boundary.
+var frameBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 32<<10); return &b }}
+
+// write inspects the next chunk of the stream; p is not retained.
+func (s *streamInspector) write(p []byte) {
+	if s.off {
+		return
+	}
+	if s.framing == jsonFraming {
+		s.writeJSON(p)
+	} else {
+		s.writeLengthPrefixed(p)
+	}
+}
+
+// stop ends inspection of this stream.
+func (s *streamInspector) stop() {
+	s.off = true
+	s.release()
+}
+
+// release returns the frame buffer to the pool.
+func (s *streamInspector) release() {
+	if s.buf != nil {
+		*s.buf = (*s.buf)[:0]
+		if cap(*s.buf) <= 1<<20 {
+			frameBuffers.Put(s.buf)
+		}
+		s.buf = nil
+	}
+}
+
+// keep adds part of a frame that continues in the next chunk.
+func (s *streamInspector) keep(part []byte) {
+	if len(part) == 0 {
+		return
+	}
+	if s.buf == nil {
+		s.buf = frameBuffers.Get().(*[]byte)
+	}
+	if b := *s.buf; len(b)+len(part) > cap(b) {
+		// Double, not append's 1.25×: a frame of n bytes allocates < 2n.
+		grown := make([]byte, len(b), min(max(2*cap(b), len(b)+len(part)), MaxInspectedFrameBytes))
+		copy(grown, b)
+		*s.buf = grown
+	}
+	*s.buf = append(*s.buf, part...)
+}
+
+// grow counts n more bytes of the current frame and stops inspection when
+// the frame is over the limit.
+func (s *streamInspector) grow(n int) bool {
+	s.frameLen += n
+	if s.frameLen > MaxInspectedFrameBytes {
+		s.stop()
+		return false
+	}
+	return true
+}
+
+// frameEnded handles a complete frame: last is its part in this chunk.
+func (s *streamInspector) frameEnded(last []byte) {
+	frame := last
+	if s.buf != nil {
+		s.keep(last)
+		frame = *s.buf
+	}
+	s.frameLen = 0
+	s.event(frame)
+	if !s.off {
+		s.release()
+	}
+}
+
+var errorText = []byte(string(watch.Error))
+
+// event decodes frame only when it can be an ERROR event.
+func (s *streamInspector) event(frame []byte) {
+	if !bytes.Contains(frame, errorText) && !(s.framing == jsonFraming && escapesErrorLetter(frame)) {
+		s.sink.sawEvent()
+		return
+	}
+	var ev metav1.WatchEvent
+	if _, _, err := s.serializer.Decode(frame, nil, &ev); err != nil {
+		s.stop() // as apimachinery's decoder: an unreadable event ends inspection
+		return
+	}
+	if ev.Type != string(watch.Error) {
+		s.sink.sawEvent()
+		return
+	}
+	obj, err := runtime.Decode(metaCodecs.UniversalDeserializer(), ev.Object.Raw)
+	if err != nil {
+		obj = nil
+	}
+	s.sink.sawError(obj)
+}
+
+// escapesErrorLetter reports whether frame holds a JSON \u escape of E, R
+// or O, by which a type "ERROR" could be spelt without the text ERROR.
+func escapesErrorLetter(frame []byte) bool {
+	for {
+		i := bytes.Index(frame, []byte(`\u`))
+		if i < 0 || i+6 > len(frame) {
+			return i >= 0 // a cut escape: be safe
+		}
+		if frame[i+2] == '0' && frame[i+3] == '0' && frame[i+4] == '4' {
+			switch frame[i+5] {
+			case '5', 'f', 'F':
+				return true
+			}
+		}
+		if frame[i+2] == '0' && frame[i+3] == '0' && frame[i+4] == '5' && frame[i+5] == '2' {
+			return true
+		}
+		frame = frame[i+2:]
+	}
+}
+
+// writeJSON frames JSON values as json.Decoder does: whitespace between
+// values; objects and arrays end at their matching bracket, strings at their
+// unescaped quote, other tokens (numbers, true, null…) at whitespace or a
+// delimiter. Brackets are not checked for matching: a candidate frame is
+// decoded, anything else cannot be an ERROR event. The state lives in
+// locals in the loop and goes back to s at chunk ends and frame ends.
+func (s *streamInspector) writeJSON(p []byte) {
+	start := 0 // where the current frame's bytes in p begin
+	inFrame, inString, escaped, inScalar, depth := s.inFrame, s.inString, s.escaped, s.inScalar, s.depth
+	i := 0
+	for i < len(p) {
+		if inString {
+			// Short strings by hand, long ones with IndexByte.
+			k := i
+			for end := min(len(p), i+32); k < end; k++ {
+				c := p[k]
+				if escaped {
+					escaped = false
+					continue
+				}
+				if c == '\\' {
+					escaped = true
+				} else if c == '"' {
+					break
+				}
+			}
+			if k < len(p) && k < i+32 && p[k] == '"' && !escaped {
+				inString, i = false, k+1
+				if depth == 0 {
+					goto frameEnd
+				}
+				continue
+			}
+			i = k
+			if k == len(p) || escaped {
+				continue
+			}
+			j := bytes.IndexByte(p[i:], '"')
+			if j < 0 {
+				// The string goes on in the next chunk; a trailing odd run
+				// of backslashes escapes its first byte.
+				escaped = oddBackslashes(p[i:])
+				i = len(p)
+				continue
+			}
+			if oddBackslashes(p[i : i+j]) {
+				i += j + 1 // an escaped quote
+				continue
+			}
+			inString, i = false, i+j+1
+			if depth == 0 {
+				goto frameEnd
+			}
+			continue
+		}
+		if depth > 0 {
+			for ; i < len(p); i++ {
+				c := p[i]
+				if !jsonStructural[c] {
+					continue
+				}
+				if c == '"' {
+					inString = true
+					break
+				}
+				if c == '{' || c == '[' {
+					depth++
+					continue
+				}
+				if depth--; depth == 0 {
+					break
+				}
+			}
+			if i == len(p) {
+				continue
+			}
+			i++
+			if inString {
+				continue
+			}
+			goto frameEnd // the closing bracket
+		}
+		if inScalar {
+			for ; i < len(p); i++ {
+				switch p[i] {
+				case ' ', '\t', '\r', '\n', '{', '}', '[', ']', '"', ',', ':':
+				default:
+					continue
+				}
+				break
+			}
+			if i == len(p) {
+				continue
+			}
+			inScalar = false
+			goto frameEnd // p[i] starts the next value (or is whitespace)
+		}
+		// Between values.
+		for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n') {
+			i++
+		}
+		if i == len(p) {
+			continue
+		}
+		inFrame, start = true, i
+		switch p[i] {
+		case '{', '[':
+			depth = 1
+		case '"':
+			inString = true
+		case '}', ']', ',', ':':
+			s.stop() // not a JSON value: not a watch stream
+			return
+		default:
+			inScalar = true
+		}
+		i++
+		continue
+
+	frameEnd:
+		inFrame = false
+		s.inFrame, s.inString, s.escaped, s.inScalar, s.depth = false, false, false, false, 0
+		if !s.endJSONFrame(p, start, i) {
+			return
+		}
+	}
+	s.inFrame, s.inString, s.escaped, s.inScalar, s.depth = inFrame, inString, escaped, inScalar, depth
+	if inFrame {
+		if s.grow(len(p) - start) {
+			s.keep(p[start:])
+		}
+	}
+}
+
+// jsonStructural marks the bytes that matter inside an object or array,
+// outside strings.
+var jsonStructural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
+
+// endJSONFrame ends the frame p[start:end]; it returns false when
+// inspection stopped.
+func (s *streamInspector) endJSONFrame(p []byte, start, end int) bool {
+	s.inFrame = false
+	if !s.grow(end - start) {
+		return false
+	}
+	s.frameEnded(p[start:end])
+	return !s.off
+}
+
+// oddBackslashes reports whether b ends with an odd run of backslashes.
+func oddBackslashes(b []byte) bool {
+	n := 0
+	for i := len(b) - 1; i >= 0 && b[i] == '\\'; i-- {
+		n++
+	}
+	return n%2 == 1
+}
+
+// writeLengthPrefixed frames a length-delimited stream.
+func (s *streamInspector) writeLengthPrefixed(p []byte) {
+	for len(p) > 0 && !s.off {
+		if s.nHeader < 4 {
+			n := copy(s.header[s.nHeader:], p)
+			s.nHeader += n
+			p = p[n:]
+			if s.nHeader < 4 {
+				return
+			}
+			size := binary.BigEndian.Uint32(s.header[:])
+			if size > MaxInspectedFrameBytes {
+				s.stop()
+				return
+			}
+			s.due = int(size)
+		}
+		n := min(s.due, len(p))
+		s.due -= n
+		if s.due > 0 {
+			s.keep(p[:n])
+			return
+		}
+		s.nHeader = 0
+		s.frameEnded(p[:n])
+		p = p[n:]
+	}
+}
