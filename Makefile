@@ -44,7 +44,11 @@ test: ## Run every test (unit, integration, end to end) against a real kube-apis
 	@assets=$$(hack/testbin.sh) && \
 	echo ">> go vet ./..." && go vet ./... && \
 	echo ">> go test -race -count=1 ./... (KUBEBUILDER_ASSETS=$$assets)" && \
-	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./...
+	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./... && \
+	for m in hack/bench hack/demo; do \
+	  echo ">> go vet + go test -race ./... in $$m (its own module)" && \
+	  (cd $$m && go vet ./... && go test -race -count=1 ./...) || exit 1; \
+	done
 
 .PHONY: bench
 bench: build ## Measure direct vs a bare reverse proxy vs watchgate on a real API server (~3 min); writes BENCHMARKS.md.
