@@ -53,6 +53,8 @@ type options struct {
 	podNamespace       string
 	upstreamTimeout    time.Duration
 	shutdownGrace      time.Duration
+	maxWatches         int
+	memoryHighWater    int
 
 	zap zap.Options
 }
@@ -70,6 +72,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of this replica. Default $POD_NAMESPACE.")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-check-timeout", 15*time.Second, "How long to wait for the API server at start-up before giving up (1s–5m).")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
+	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit (BENCHMARKS.md, load); 0: no cap.")
+	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	o.zap.BindFlags(fs)
 }
 
@@ -94,6 +98,12 @@ func (o *options) validate() error {
 	}
 	if o.shutdownGrace < 0 || o.shutdownGrace > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--shutdown-grace-period %s: must be between 0 and 10m", o.shutdownGrace))
+	}
+	if o.maxWatches < 0 {
+		errs = append(errs, fmt.Errorf("--max-watches %d: must not be negative", o.maxWatches))
+	}
+	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
+		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
 	}
 	return utilerrors.NewAggregate(errs)
 }
@@ -227,6 +237,9 @@ func run(ctx context.Context, args []string) error {
 		Engine:              engine,
 		Logger:              ctrl.Log.WithName("proxy"),
 		ShutdownGracePeriod: o.shutdownGrace,
+
+		MaxWatches:             o.maxWatches,
+		MemoryHighWaterPercent: o.memoryHighWater,
 	})
 	if err != nil {
 		return fmt.Errorf("set up proxy: %w", err)

@@ -128,7 +128,7 @@ func newTestProxyTo(t *testing.T, engine Engine, upstream *rest.Config) *httptes
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs,
 		maxDelay: 50 * time.Millisecond, delaySlots: make(chan struct{}, 8),
 	}
-	h := chain(testTokens, testImpersonation, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	h := chain(testTokens, testImpersonation, nil, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

@@ -95,7 +95,8 @@ func NewServer(opts Options) (*Server, error) {
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
 	}
 
-	h := chain(tokens, impersonation, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
+	guard := newWatchGuard(o.MaxWatches, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
+	h := chain(tokens, impersonation, guard, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: client, errorLog: errorLog,
 		upstreamErr: errNotProbed,
@@ -103,9 +104,10 @@ func NewServer(opts Options) (*Server, error) {
 }
 
 // chain builds the filter chain, once: authenticate, find the budget
-// identity, classify, admit, forward.
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
+// identity, classify, guard the replica, admit, forward.
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, guard *watchGuard, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
+	h = withWatchGuard(guard, h)
 	h = withClassification(newRequestInfoFactory(), h)
 	h = withBudgetIdentity(impersonation, logs, h)
 	return withAuthentication(tokens, logs, h)
