@@ -32,6 +32,11 @@ type Options struct {
 	CRDDirectoryPaths []string
 	// Args are extra kube-apiserver flags, name without dashes → value.
 	Args map[string]string
+	// Restartable keeps kube-apiserver's certificates and service-account
+	// keys in a directory of its own, so that StopAPIServer and
+	// StartAPIServer restart it on the same port with the same etcd, CA and
+	// tokens (restart.go).
+	Restartable bool
 }
 
 // Env is a running control plane.
@@ -47,6 +52,8 @@ type Env struct {
 	Kubeconfig string
 
 	env *envtest.Environment
+	// certDir is the Restartable certificate directory, removed by Stop.
+	certDir string
 }
 
 // AssetsDir returns the folder that holds the test bed's binaries:
@@ -99,8 +106,13 @@ func Start(opts Options) (*Env, error) {
 	for k, v := range opts.Args {
 		args.Set(k, v)
 	}
+	certDir, err := restartable(opts, api)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := te.Start()
 	if err != nil {
+		removeCertDir(certDir)
 		return nil, fmt.Errorf("start test control plane from %s: %w", dir, err)
 	}
 	// Tests make many requests; the default client-side limiter would
@@ -127,7 +139,7 @@ func Start(opts Options) (*Env, error) {
 			kubeconfig = v
 		}
 	}
-	return &Env{Config: cfg, Clientset: cs, AssetsDir: dir, Kubeconfig: kubeconfig, env: te}, nil
+	return &Env{Config: cfg, Clientset: cs, AssetsDir: dir, Kubeconfig: kubeconfig, env: te, certDir: certDir}, nil
 }
 
 // Stop stops kube-apiserver and etcd and removes their data.
@@ -135,6 +147,7 @@ func (e *Env) Stop() error {
 	if e == nil || e.env == nil {
 		return nil
 	}
+	defer removeCertDir(e.certDir)
 	return e.env.Stop()
 }
 
