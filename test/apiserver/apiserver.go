@@ -106,7 +106,7 @@ func Start(opts Options) (*Env, error) {
 	for k, v := range opts.Args {
 		args.Set(k, v)
 	}
-	certDir, err := restartable(opts, api)
+	certDir, err := restartable(opts, te)
 	if err != nil {
 		return nil, err
 	}

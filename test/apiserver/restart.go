@@ -3,16 +3,17 @@ package apiserver
 import (
 	"errors"
 	"os"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
-// restartable gives api a certificate directory of its own when
+// restartable gives te's kube-apiserver a certificate directory of its own when
 // opts.Restartable, and returns it ("" otherwise). envtest removes a
 // directory it created itself when kube-apiserver stops, and with it the
 // serving CA and the service-account signing key: a restarted API server
 // would then reject every token and certificate handed out before.
-func restartable(opts Options, api *envtest.APIServer) (string, error) {
+func restartable(opts Options, te *envtest.Environment) (string, error) {
 	if !opts.Restartable {
 		return "", nil
 	}
@@ -20,7 +21,10 @@ func restartable(opts Options, api *envtest.APIServer) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	api.CertDir = dir
+	te.ControlPlane.GetAPIServer().CertDir = dir
+	// With watches open kube-apiserver takes up to its 60s shutdown
+	// timeout to stop: its HTTP server waits for the streams.
+	te.ControlPlaneStopTimeout = 90 * time.Second
 	return dir, nil
 }
 
