@@ -10,6 +10,8 @@
 //	                    SubjectAccessReview (cached) says the caller may impersonate
 //	withClassification  RequestInfoFactory: watch (?watch=true and /watch/ paths), list,
 //	                    group/resource/namespace/name, selectors, resourceVersion, …
+//	withWatchGuard      the replica's own limits, before any budget: new watches get 503 above
+//	                    --memory-high-water-percent of GOMEMLIMIT, 429 at --max-watches
 //	withAdmission       engine.Decide: stale version → 200 with one ERROR/410 event in
 //	                    the client's framing; over budget → 429 Status + Retry-After after
 //	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
@@ -41,7 +43,9 @@
 // watchgate_proxy_decision_duration_seconds{verb},
 // watchgate_proxy_review_cache_lookups_total{review,result},
 // watchgate_proxy_reviews_throttled_total{review},
-// watchgate_proxy_logs_suppressed_total.
+// watchgate_proxy_logs_suppressed_total,
+// watchgate_proxy_guard_rejections_total{reason},
+// watchgate_proxy_memory_in_use_bytes, watchgate_proxy_memory_limit_bytes.
 //
 // Server is a controller-runtime Runnable that runs on every replica. On
 // shutdown readiness drops first; open watches are then closed one by one
