@@ -26,7 +26,7 @@ const (
 	// DefaultMaxWatches is the default of --max-watches: the watches one
 	// replica forwards at once with the chart's default memory limit
 	// (512 Mi, GOMEMLIMIT 90% of it). Measured: BENCHMARKS.md, "load".
-	DefaultMaxWatches = 5000
+	DefaultMaxWatches = 4000
 	// memorySampleInterval is how often the guard reads the runtime's
 	// memory; between samples a watch open costs two atomic loads.
 	memorySampleInterval = 250 * time.Millisecond
