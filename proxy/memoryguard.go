@@ -51,16 +51,20 @@ const (
 // stay within, in bytes; limit 0 or math.MaxUint64 means none.
 type MemoryReader func() (inUse, limit uint64)
 
-// RuntimeMemory is the default MemoryReader: the Go runtime's own view, the
-// one GOMEMLIMIT is enforced against — every byte the runtime has mapped
-// (/memory/classes/total:bytes) except heap memory returned to the OS
-// (/memory/classes/heap/released:bytes), against /gc/gomemlimit:bytes
-// (GOMEMLIMIT or debug.SetMemoryLimit; math.MaxInt64 when unset). It costs
-// about a microsecond; the guard calls it at most every 250ms.
+// RuntimeMemory is the default MemoryReader: the Go runtime's own view —
+// every byte the runtime has mapped (/memory/classes/total:bytes) except
+// heap memory returned to the OS (/memory/classes/heap/released:bytes) and
+// free heap spans it keeps for reuse (/memory/classes/heap/free:bytes),
+// which the scavenger gives back as GOMEMLIMIT nears, against
+// /gc/gomemlimit:bytes (GOMEMLIMIT or debug.SetMemoryLimit; math.MaxInt64
+// when unset). Counting the free spans refused watches while a replica's
+// watches churned with RSS at half its limit (BENCHMARKS.md, "load"). It
+// costs about a microsecond; the guard calls it at most every 250ms.
 func RuntimeMemory() (inUse, limit uint64) {
-	s := [3]metrics.Sample{
+	s := [4]metrics.Sample{
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
 		{Name: "/gc/gomemlimit:bytes"},
 	}
 	metrics.Read(s[:])
@@ -69,11 +73,11 @@ func RuntimeMemory() (inUse, limit uint64) {
 			return 0, 0 // unknown to this runtime: no memory check
 		}
 	}
-	total, released, lim := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
+	total, released, free, lim := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64(), s[3].Value.Uint64()
 	if lim >= math.MaxInt64 {
 		lim = 0
 	}
-	return total - min(released, total), lim
+	return total - min(released+free, total), lim
 }
 
 // memorySample is one reading and when it was taken.
@@ -211,7 +215,7 @@ var (
 
 	memoryInUseBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "watchgate_proxy_memory_in_use_bytes",
-		Help: "Memory the Go runtime uses, as the watch guard last sampled it (mapped minus released to the OS).",
+		Help: "Memory the Go runtime uses, as the watch guard last sampled it (mapped, minus released to the OS and free heap spans).",
 	})
 
 	memoryLimitBytes = prometheus.NewGauge(prometheus.GaugeOpts{
