@@ -58,6 +58,13 @@ bench: build ## Measure direct vs a bare reverse proxy vs watchgate on a real AP
 bench-go: ## Run the Go benchmarks of the engine and the proxy (ratelimit/, proxy/).
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets go test -run '^$$' -bench . -benchmem ./ratelimit/ ./proxy/
 
+LOAD_WATCHES ?= 10000
+LOAD_HOLD ?= 2m
+.PHONY: load
+load: build ## Load run (~15 min, not in `make test`): 10,000 idle watches vs a bare proxy, a held replica, the memory guard; writes BENCHMARKS.md.
+	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets LOAD_WATCHES=$(LOAD_WATCHES) LOAD_HOLD=$(LOAD_HOLD) \
+		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 60m -run '^TestLoad$$' -v ./test/e2e/
+
 .PHONY: docker-build
 docker-build: ## Build the container image (needs a Docker engine).
 	docker buildx build --build-arg VERSION=$(VERSION) -t ghcr.io/watchgate/watchgate:$(VERSION) .

@@ -61,6 +61,8 @@ type options struct {
 	podNamespace       string
 	upstreamTimeout    time.Duration
 	shutdownGrace      time.Duration
+	maxWatches         int
+	memoryHighWater    int
 
 	// Security knobs of the proxy (docs/operators.md, "Security model").
 	maxHeaderBytes              int
@@ -116,6 +118,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.caFile, "ca-file", "", "CA bundle (PEM) that signed the proxy's serving certificate, published to routed namespaces as ConfigMap watchgate-root-ca.crt and re-read every 10s. Default ca.crt beside --tls-cert-file (a kubernetes.io/tls Secret's layout).")
 	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.")
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
+	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit (BENCHMARKS.md, load); 0: no cap.")
+	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	o.zap.BindFlags(fs)
 }
 
@@ -157,6 +161,12 @@ func (o *options) validate() error {
 	}
 	if o.injectServicePort < 1 || o.injectServicePort > 65535 {
 		errs = append(errs, fmt.Errorf("--inject-service-port %d: must be between 1 and 65535", o.injectServicePort))
+	}
+	if o.maxWatches < 0 {
+		errs = append(errs, fmt.Errorf("--max-watches %d: must not be negative", o.maxWatches))
+	}
+	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
+		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
 	}
 	return utilerrors.NewAggregate(errs)
 }
@@ -335,6 +345,9 @@ func run(ctx context.Context, args []string) error {
 		ImpersonationReviewCallerBurst:         o.impersonationReviewBurst,
 		LocalServiceAccountTokens:              &o.localServiceAccountTokens,
 		ServiceAccountAudiences:                splitList(o.serviceAccountAudiences),
+
+		MaxWatches:             o.maxWatches,
+		MemoryHighWaterPercent: o.memoryHighWater,
 	})
 	if err != nil {
 		return fmt.Errorf("set up proxy: %w", err)

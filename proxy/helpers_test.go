@@ -129,7 +129,7 @@ func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptes
 		maxDelay: 50 * time.Millisecond, delaySlots: make(chan struct{}, 8),
 		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
 	}
-	h := chain(testTokens, testImpersonation, FailClosed, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	h := chain(testTokens, testImpersonation, FailClosed, nil, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

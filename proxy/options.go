@@ -136,8 +136,23 @@ type Options struct {
 	// /readyz; default 10s.
 	UpstreamProbeInterval time.Duration
 
+	// MaxWatches caps the watches this replica forwards at once, whatever
+	// the budgets say; beyond it a watch open gets 429 with Retry-After
+	// (watchgate_proxy_guard_rejections_total{reason="MaxWatches"}).
+	// 0: no cap (main's --max-watches defaults to DefaultMaxWatches).
+	MaxWatches int
+	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
+	// while the Go runtime's memory in use is above this percentage of its
+	// memory limit (GOMEMLIMIT); without a limit memory is not checked.
+	// Open watches are never cut. Default DefaultMemoryHighWaterPercent
+	// (85); 1–100, 100 disables the check.
+	MemoryHighWaterPercent int
+
 	// The following are used for testing purposes.
 
+	// MemoryReader reads memory in use and its limit for the watch guard;
+	// default RuntimeMemory.
+	MemoryReader MemoryReader
 	// Clock is the time source for decisions; default the real clock.
 	Clock clock.Clock
 	// Reviews is the API server the proxy's own TokenReviews,
@@ -186,6 +201,7 @@ func (o *Options) Validate() error {
 		"tokenReviewClientBurst":         o.TokenReviewClientBurst,
 		"impersonationReviewCallerBurst": o.ImpersonationReviewCallerBurst,
 		"reviewRequestersTracked":        o.ReviewRequestersTracked,
+		"maxWatches":                     o.MaxWatches,
 	} {
 		if n < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", name, n))
@@ -204,6 +220,9 @@ func (o *Options) Validate() error {
 	case "", FailClosed, FailOpen:
 	default:
 		errs = append(errs, fmt.Errorf("reviewFailurePolicy: must be %q or %q, got %q", FailClosed, FailOpen, o.ReviewFailurePolicy))
+	}
+	if o.MemoryHighWaterPercent < 0 || o.MemoryHighWaterPercent > 100 {
+		errs = append(errs, fmt.Errorf("memoryHighWaterPercent: must be within 1–100 (0: default), got %d", o.MemoryHighWaterPercent))
 	}
 	return errors.Join(errs...)
 }
@@ -264,6 +283,7 @@ func (o Options) complete() Options {
 	def(&o.ShutdownGracePeriod, DefaultShutdownGracePeriod)
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
+	defInt(&o.MemoryHighWaterPercent, DefaultMemoryHighWaterPercent)
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}

@@ -118,7 +118,8 @@ func NewServer(opts Options) (*Server, error) {
 		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
 	}
 
-	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
+	guard := newWatchGuard(o.MaxWatches, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, guard, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs,
@@ -126,9 +127,10 @@ func NewServer(opts Options) (*Server, error) {
 }
 
 // chain builds the filter chain, once: authenticate, classify, find the
-// budget identity (only for what a budget decides), admit, forward.
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
+// budget identity (only for what a budget decides), guard the replica, admit, forward.
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, guard *watchGuard, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
+	h = withWatchGuard(guard, h)
 	h = withBudgetIdentity(impersonation, policy, logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
 	return withAuthentication(tokens, policy, logs, h)

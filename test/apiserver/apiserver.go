@@ -37,6 +37,11 @@ type Options struct {
 	// Env.Webhooks) so that kube-apiserver calls a webhook server in the
 	// test process.
 	Webhooks envtest.WebhookInstallOptions
+	// Restartable keeps kube-apiserver's certificates and service-account
+	// keys in a directory of its own, so that StopAPIServer and
+	// StartAPIServer restart it on the same port with the same etcd, CA and
+	// tokens (restart.go).
+	Restartable bool
 }
 
 // Env is a running control plane.
@@ -55,6 +60,8 @@ type Env struct {
 	Webhooks *envtest.WebhookInstallOptions
 
 	env *envtest.Environment
+	// certDir is the Restartable certificate directory, removed by Stop.
+	certDir string
 }
 
 // AssetsDir returns the folder that holds the test bed's binaries:
@@ -108,8 +115,13 @@ func Start(opts Options) (*Env, error) {
 	for k, v := range opts.Args {
 		args.Set(k, v)
 	}
+	certDir, err := restartable(opts, te)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := te.Start()
 	if err != nil {
+		removeCertDir(certDir)
 		return nil, fmt.Errorf("start test control plane from %s: %w", dir, err)
 	}
 	// Tests make many requests; the default client-side limiter would
@@ -136,7 +148,7 @@ func Start(opts Options) (*Env, error) {
 			kubeconfig = v
 		}
 	}
-	return &Env{Config: cfg, Clientset: cs, AssetsDir: dir, Kubeconfig: kubeconfig, Webhooks: &te.WebhookInstallOptions, env: te}, nil
+	return &Env{Config: cfg, Clientset: cs, AssetsDir: dir, Kubeconfig: kubeconfig, Webhooks: &te.WebhookInstallOptions, env: te, certDir: certDir}, nil
 }
 
 // Stop stops kube-apiserver and etcd and removes their data.
@@ -144,6 +156,7 @@ func (e *Env) Stop() error {
 	if e == nil || e.env == nil {
 		return nil
 	}
+	defer removeCertDir(e.certDir)
 	return e.env.Stop()
 }
 
