@@ -121,7 +121,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	defer cancel()
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: d, started: start,
-		clientCtx: r.Context(), cancel: cancel, verdict: first, quietWindow: a.quietWindow,
+		clientCtx: r.Context(), cancel: cancel, verdict: first, quietWindow: a.quietWindow, pending: a.pending,
 	}
 	defer ws.end()
 	if !a.watches.add(ws) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/watchgate/watchgate/ratelimit"
@@ -20,11 +21,18 @@ const (
 	// pendingVersionWait is the longest a twin waits for the first
 	// watch's verdict before it goes its own way.
 	pendingVersionWait = 5 * time.Second
-	// pendingVersionQuietWindow is how long after the first watch's 200
-	// without an ERROR event its version counts as valid. kube-apiserver
-	// writes the ERROR event of a too old version right behind the headers
-	// (from its watch cache at once, from etcd after one round trip).
-	pendingVersionQuietWindow = 100 * time.Millisecond
+	// pendingVersionQuietWindow is the shortest time after the first
+	// watch's 200 without an ERROR event that its version counts as valid.
+	// kube-apiserver writes the ERROR event of a too old version right
+	// behind the headers from its watch cache, but without the cache (or
+	// under load) only after a round trip to etcd: a 410 that comes later
+	// than the window lets the twins through, one upstream WATCH each. So
+	// the window also grows to twice the slowest such gap seen so far
+	// (pendingVersions.window), at most maxPendingVersionQuietWindow.
+	// Twins of a valid version wait this long only while their stream is
+	// quiet: the first event ends the wait.
+	pendingVersionQuietWindow    = 250 * time.Millisecond
+	maxPendingVersionQuietWindow = time.Second
 )
 
 // versionKey is what a resourceVersion's verdict is about: the version
@@ -70,6 +78,26 @@ type pendingVersions struct {
 	mu    sync.Mutex
 	m     map[versionKey]*pendingVersion
 	bytes int
+	// slowestStale is the longest gap seen between a watch's 200 and its
+	// ERROR 410 event, in nanoseconds.
+	slowestStale atomic.Int64
+}
+
+// observeStale records the gap between a watch's 200 and its ERROR 410.
+func (p *pendingVersions) observeStale(gap time.Duration) {
+	for {
+		old := p.slowestStale.Load()
+		if int64(gap) <= old || p.slowestStale.CompareAndSwap(old, int64(gap)) {
+			return
+		}
+	}
+}
+
+// window is how long a first watch's quiet 200 must stay quiet before its
+// version counts as valid: twice the slowest 410 gap seen, within
+// [floor, maxPendingVersionQuietWindow].
+func (p *pendingVersions) window(floor time.Duration) time.Duration {
+	return min(max(floor, 2*time.Duration(p.slowestStale.Load())), max(floor, maxPendingVersionQuietWindow))
 }
 
 // pendingVersion is one version asked about; resolve releases its twins.

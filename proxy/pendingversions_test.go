@@ -129,3 +129,26 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 		t.Errorf("%d entries of %d bytes held, want at most %d bytes", n, p.bytes, maxPendingVersionBytes)
 	}
 }
+
+func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
+	p := newPendingVersions()
+	floor := pendingVersionQuietWindow
+	steps := []struct {
+		observe time.Duration // 0: observe nothing
+		want    time.Duration
+	}{
+		{0, floor},                     // nothing seen: the floor
+		{50 * time.Millisecond, floor}, // 2×50ms is under the floor
+		{200 * time.Millisecond, 400 * time.Millisecond}, // twice the slowest gap
+		{100 * time.Millisecond, 400 * time.Millisecond}, // a faster 410 does not shrink it
+		{3 * time.Second, maxPendingVersionQuietWindow},  // capped
+	}
+	for i, s := range steps {
+		if s.observe > 0 {
+			p.observeStale(s.observe)
+		}
+		if got := p.window(floor); got != s.want {
+			t.Errorf("step %d (observed %v): window %v, want %v", i, s.observe, got, s.want)
+		}
+	}
+}

@@ -44,6 +44,10 @@ type watchState struct {
 	verdict     *pendingVersion
 	quietWindow time.Duration
 	quiet       *time.Timer
+	// pending, when not nil, learns how long after its 200 a stale watch's
+	// ERROR 410 came (answeredAt), to size the quiet window.
+	pending    *pendingVersions
+	answeredAt time.Time
 
 	stopped      atomic.Bool  // the proxy closed the watch (shutdown)
 	upstreamCode atomic.Int32 // the API server's status code; 0 before it answered
@@ -81,12 +85,17 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 		ws.resolveVerdict()
 		return
 	}
+	ws.answeredAt = ws.clock.Now()
 	ws.body = newWatchBody(ws, resp.Body, resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding"))
 	resp.Body = ws.body
 	if ws.verdict != nil {
 		// kube-apiserver sends the ERROR event of a too old version right
 		// behind the headers; a quiet stream means the version is valid.
-		ws.quiet = time.AfterFunc(ws.quietWindow, ws.verdict.resolve)
+		window := ws.quietWindow
+		if ws.pending != nil {
+			window = ws.pending.window(window)
+		}
+		ws.quiet = time.AfterFunc(window, ws.verdict.resolve)
 	}
 }
 
@@ -169,8 +178,12 @@ func (ws *watchState) sawError(obj runtime.Object) {
 	if rv == "" || rv == "0" {
 		return // never too old; the 410 is about something else
 	}
-	ws.engine.StaleVersionSeen(ws.clock.Now(), ws.c.Info.APIGroup, ws.c.Info.Resource, rv)
+	now := ws.clock.Now()
+	ws.engine.StaleVersionSeen(now, ws.c.Info.APIGroup, ws.c.Info.Resource, rv)
 	staleVersionsLearned.Inc()
+	if ws.pending != nil && !ws.answeredAt.IsZero() {
+		ws.pending.observeStale(now.Sub(ws.answeredAt))
+	}
 	ws.log.Info("Learned stale resourceVersion", "group", ws.c.Info.APIGroup, "resource", ws.c.Info.Resource,
 		"resourceVersion", boundedForLog(rv), "message", boundedForLog(status.Message))
 }
