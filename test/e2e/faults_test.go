@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -22,7 +20,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,65 +29,9 @@ import (
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
-	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
-
-// startProxyOn starts a proxy with engine in front of the control plane e,
-// with a fast upstream probe, options changed by tune; it waits until the
-// proxy is ready and stops it when the test ends (or when the returned
-// function is called).
-func startProxyOn(t *testing.T, e *apiserver.Env, engine proxy.Engine, tune func(*proxy.Options)) (*proxy.Server, string, []byte, func()) {
-	t.Helper()
-	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts := proxy.Options{
-		BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
-		Upstream: e.Config, Engine: engine, Logger: testLogger(),
-		ShutdownDrainDelay: time.Millisecond, ShutdownGracePeriod: 500 * time.Millisecond,
-		UpstreamProbeInterval: 200 * time.Millisecond,
-	}
-	if tune != nil {
-		tune(&opts)
-	}
-	srv, err := proxy.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Start(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("proxy stopped with: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("proxy did not stop within 30s")
-		}
-	}
-	t.Cleanup(stop)
-	eventually(t, 30*time.Second, "the proxy to be ready", func() (bool, error) { return srv.ReadyCheck(nil) == nil, srv.ReadyCheck(nil) })
-	return srv, "https://" + srv.Addr().String(), certPEM, stop
-}
 
 // verifyNoLeaks fails the test when goroutines started during it are still
 // running once everything it set up has been stopped. Call it first: its

@@ -10,8 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,72 +19,11 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/cert"
 
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
-
-// startProxyWith is startProxy with options changed by mutate.
-func startProxyWith(t testing.TB, mutate func(*proxy.Options), budgets ...ratelimit.Budget) *testProxy {
-	t.Helper()
-	dir := t.TempDir()
-	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
-	policy, err := ratelimit.NewPolicy(budgets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine.SetPolicy(time.Now(), policy)
-	opts := proxy.Options{
-		BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
-		Upstream: env.Config, Engine: engine, Logger: testLogger(),
-		ShutdownDrainDelay: time.Millisecond, ShutdownGracePeriod: 1500 * time.Millisecond,
-	}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	srv, err := proxy.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Start(ctx) }()
-	p := &testProxy{Server: srv, Engine: engine, CA: certPEM}
-	p.stop = func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("proxy stopped with: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("proxy did not stop within 30s")
-		}
-	}
-	t.Cleanup(p.stop)
-	deadline := time.Now().Add(30 * time.Second)
-	for srv.ReadyCheck(nil) != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("proxy not ready: %v", srv.ReadyCheck(nil))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	p.URL = "https://" + srv.Addr().String()
-	return p
-}
 
 // clientFrom is an HTTP client of the proxy whose connections come from
 // the loopback address ip (127.0.0.0/8 is all loopback on Linux), so that

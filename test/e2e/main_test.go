@@ -59,11 +59,39 @@ func generous(name string, precedence int32) ratelimit.Budget {
 // it is ready and stops it when the test ends.
 func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 	t.Helper()
-	dir := t.TempDir()
+	return startProxyWith(t, nil, budgets...)
+}
+
+// startProxyWith is startProxy with options changed by mutate.
+func startProxyWith(t testing.TB, mutate func(*proxy.Options), budgets ...ratelimit.Budget) *testProxy {
+	t.Helper()
+	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
+	policy, err := ratelimit.NewPolicy(budgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine.SetPolicy(time.Now(), policy)
+	srv, url, ca, stop := startProxyOn(t, env, engine, func(o *proxy.Options) {
+		o.ShutdownGracePeriod = 1500 * time.Millisecond
+		o.UpstreamProbeInterval = 0 // the default
+		if mutate != nil {
+			mutate(o)
+		}
+	})
+	return &testProxy{Server: srv, Engine: engine, URL: url, CA: ca, stop: stop}
+}
+
+// startProxyOn starts a proxy with engine in front of the control plane e,
+// with a fast upstream probe, options changed by tune; it waits until the
+// proxy is ready and stops it when the test ends (or when the returned
+// function is called).
+func startProxyOn(t testing.TB, e *apiserver.Env, engine proxy.Engine, tune func(*proxy.Options)) (*proxy.Server, string, []byte, func()) {
+	t.Helper()
 	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
 		t.Fatal(err)
@@ -71,31 +99,24 @@ func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
-	policy, err := ratelimit.NewPolicy(budgets)
-	if err != nil {
-		t.Fatal(err)
+	opts := proxy.Options{
+		BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
+		Upstream: e.Config, Engine: engine, Logger: testLogger(),
+		ShutdownDrainDelay: time.Millisecond, ShutdownGracePeriod: 500 * time.Millisecond,
+		UpstreamProbeInterval: 200 * time.Millisecond,
 	}
-	engine.SetPolicy(time.Now(), policy)
-	srv, err := proxy.NewServer(proxy.Options{
-		BindAddress:         "127.0.0.1:0",
-		CertFile:            certFile,
-		KeyFile:             keyFile,
-		Upstream:            env.Config,
-		Engine:              engine,
-		Logger:              testLogger(),
-		ShutdownDrainDelay:  time.Millisecond,
-		ShutdownGracePeriod: 1500 * time.Millisecond,
-	})
+	if tune != nil {
+		tune(&opts)
+	}
+	srv, err := proxy.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
-	p := &testProxy{Server: srv, Engine: engine, CA: certPEM}
 	stopped := false
-	p.stop = func() {
+	stop := func() {
 		if stopped {
 			return
 		}
@@ -110,7 +131,7 @@ func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 			t.Errorf("proxy did not stop within 30s")
 		}
 	}
-	t.Cleanup(p.stop)
+	t.Cleanup(stop)
 	deadline := time.Now().Add(30 * time.Second)
 	for srv.ReadyCheck(nil) != nil {
 		if time.Now().After(deadline) {
@@ -118,8 +139,7 @@ func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.URL = "https://" + srv.Addr().String()
-	return p
+	return srv, "https://" + srv.Addr().String(), certPEM, stop
 }
 
 // Config returns a client config that reaches the API server through the
