@@ -310,8 +310,8 @@ func (e *Engine) decide(id *identity, now time.Time, r *Request, cfg *Budget, st
 		}
 	case watch:
 		d.Reason, d.RetryAfter = e.checkWatch(id, now, r, cfg)
-	case r.Verb == VerbList && id.list != nil && !id.list.AllowN(now, 1):
-		d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(id.list, now, 1)
+	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now.UnixNano(), 1):
+		d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(&id.list, now.UnixNano(), 1)
 	}
 	sh := id.sh
 	if d.Reason != ReasonNone && cfg.Enforcement == DryRun {
@@ -352,13 +352,13 @@ func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget
 	if c := cfg.Limits.MaxConcurrentWatches; c > 0 && id.open >= c {
 		return ReasonTooManyWatches, TooManyWatchesRetryAfter
 	}
-	if id.watch != nil {
+	if id.watch.limited() {
 		n := 1
 		if r.initialState() {
-			n = min(int(cfg.Limits.InitialStateCost), id.watch.Burst())
+			n = min(int(cfg.Limits.InitialStateCost), id.watch.burst)
 		}
-		if !id.watch.AllowN(now, n) {
-			return ReasonRateLimited, tokenWait(id.watch, now, n)
+		if ns := now.UnixNano(); !id.watch.allowN(ns, n) {
+			return ReasonRateLimited, tokenWait(&id.watch, ns, n)
 		}
 	}
 	return ReasonNone, 0
