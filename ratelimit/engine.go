@@ -223,7 +223,7 @@ func (e *Engine) reconfigure(bs *budgetState, now time.Time) {
 	cfg := bs.cfg.Load()
 	apply := func(id *identity) {
 		if id.cfg != cfg {
-			e.configure(id, id.clock(now), cfg)
+			e.configure(id, id.clock(now.UnixNano()), cfg)
 		}
 	}
 	for i := range bs.shards {
@@ -287,7 +287,7 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 			id = sh.spill
 		}
 	}
-	notify := e.decide(id, e.advance(id, now, cfg), r, cfg, stale, &d)
+	notify := e.decide(id, e.advance(id, now.UnixNano(), cfg), r, cfg, stale, &d)
 	sh.mu.Unlock()
 
 	if notify {
@@ -296,22 +296,22 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	return d
 }
 
-// decide fills in d for id, deciding at now under cfg (stale: r asks for a
-// version the stale memory holds), and reports whether to call
+// decide fills in d for id, deciding at now (UnixNano) under cfg (stale: r
+// asks for a version the stale memory holds), and reports whether to call
 // OnThrottled. id.sh.mu is held.
-func (e *Engine) decide(id *identity, now time.Time, r *Request, cfg *Budget, stale bool, d *Decision) (notify bool) {
+func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale bool, d *Decision) (notify bool) {
 	watch := r.Verb == VerbWatch
 	switch {
 	case stale:
 		d.Reason = ReasonStaleResourceVersion
 		if cfg.Enforcement != DryRun {
 			req := requestKeyOf(r)
-			d.RetryAfter = e.staleHold(id, &req, now, cfg.Backoff)
+			d.RetryAfter = e.staleHold(id, &req, time.Unix(0, now), cfg.Backoff)
 		}
 	case watch:
 		d.Reason, d.RetryAfter = e.checkWatch(id, now, r, cfg)
-	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now.UnixNano(), 1):
-		d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(&id.list, now.UnixNano(), 1)
+	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now, 1):
+		d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(&id.list, now, 1)
 	}
 	sh := id.sh
 	if d.Reason != ReasonNone && cfg.Enforcement == DryRun {
@@ -330,21 +330,21 @@ func (e *Engine) decide(id *identity, now time.Time, r *Request, cfg *Budget, st
 		return false
 	}
 	id.rejections++
-	ns := now.UnixNano()
-	if e.opts.OnThrottled != nil && (id.notified == 0 || ns-id.notified >= int64(e.opts.ThrottleNotifyInterval)) {
-		id.notified = ns
+	if e.opts.OnThrottled != nil && (id.notified == 0 || now-id.notified >= int64(e.opts.ThrottleNotifyInterval)) {
+		id.notified = now
 		return true
 	}
 	return false
 }
 
 // checkWatch runs the checks after the stale version on a watch, in order,
-// and takes its tokens when they all pass. id.sh.mu is held.
-func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget) (Reason, time.Duration) {
+// at now (UnixNano), and takes its tokens when they all pass. id.sh.mu is
+// held.
+func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (Reason, time.Duration) {
 	if len(id.backoff) > 0 {
 		req := requestKeyOf(r)
 		if _, st, ok := id.lookup(e.seeds.watchKeyOf(&req)); ok {
-			if wait := st.until - now.UnixNano(); wait > 0 {
+			if wait := st.until - now; wait > 0 {
 				return ReasonBackingOff, time.Duration(wait)
 			}
 		}
@@ -357,8 +357,8 @@ func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget
 		if r.initialState() {
 			n = min(int(cfg.Limits.InitialStateCost), id.watch.burst)
 		}
-		if ns := now.UnixNano(); !id.watch.allowN(ns, n) {
-			return ReasonRateLimited, tokenWait(&id.watch, ns, n)
+		if !id.watch.allowN(now, n) {
+			return ReasonRateLimited, tokenWait(&id.watch, now, n)
 		}
 	}
 	return ReasonNone, 0
@@ -395,7 +395,7 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 	sh.mu.Lock()
 	id.open--
 	sh.open--
-	id.touch(now)
+	id.touch(now.UnixNano())
 	if id != sh.spill && !sh.bs.removed.Load() {
 		e.learn(id, &w.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}

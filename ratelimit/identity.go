@@ -170,12 +170,12 @@ func (e *Engine) track(sh *shard, h uint64, user string) *identity {
 	return id
 }
 
-// advance moves the identity's clock to now (or keeps it, when now is
-// earlier: concurrent callers' instants may arrive out of order, and a
-// bucket whose clock ran backwards would hand out tokens twice), and
+// advance moves the identity's clock to now (UnixNano; or keeps it, when
+// now is earlier: concurrent callers' instants may arrive out of order, and
+// a bucket whose clock ran backwards would hand out tokens twice), and
 // reconfigures its buckets when the budget changed. It returns the instant
-// to decide at. id.sh.mu is held.
-func (e *Engine) advance(id *identity, now time.Time, cfg *Budget) time.Time {
+// (UnixNano) to decide at. id.sh.mu is held.
+func (e *Engine) advance(id *identity, now int64, cfg *Budget) int64 {
 	now = id.clock(now)
 	id.touch(now)
 	if id.cfg != cfg {
@@ -184,33 +184,31 @@ func (e *Engine) advance(id *identity, now time.Time, cfg *Budget) time.Time {
 	return now
 }
 
-// clock returns now, or the buckets' latest instant when now is earlier,
-// and makes it the buckets' latest instant.
-func (id *identity) clock(now time.Time) time.Time {
-	ns := now.UnixNano()
-	if ns < id.bucketsAt {
-		return time.Unix(0, id.bucketsAt)
+// clock returns now (UnixNano), or the buckets' latest instant when now is
+// earlier, and makes it the buckets' latest instant.
+func (id *identity) clock(now int64) int64 {
+	if now < id.bucketsAt {
+		return id.bucketsAt
 	}
-	id.bucketsAt = ns
+	id.bucketsAt = now
 	return now
 }
 
-// touch records activity at now, for eviction.
-func (id *identity) touch(now time.Time) {
-	id.lastActive = max(id.lastActive, now.UnixNano())
+// touch records activity at now (UnixNano), for eviction.
+func (id *identity) touch(now int64) {
+	id.lastActive = max(id.lastActive, now)
 }
 
-// configure makes the buckets follow cfg at now, keeping the tokens they
+// configure makes the buckets follow cfg at now (UnixNano), keeping the tokens they
 // hold (setLimitAt and setBurstAt advance first, as rate.Limiter's
 // SetLimitAt and SetBurstAt do). A bucket that appears starts full, like a
 // new identity's. A budget without backoff
 // clears the identity's backoff delays (keeping its stale-answer records,
 // which hold repeats back whatever the backoff). id.sh.mu is held.
-func (e *Engine) configure(id *identity, now time.Time, cfg *Budget) {
+func (e *Engine) configure(id *identity, now int64, cfg *Budget) {
 	id.cfg = cfg
-	ns := now.UnixNano()
-	rebucket(&id.watch, ns, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
-	rebucket(&id.list, ns, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
+	rebucket(&id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
+	rebucket(&id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
 	if cfg.Backoff.Initial == 0 {
 		for k, st := range id.backoff {
 			if st.staleAt == 0 {
