@@ -49,8 +49,8 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 		p.matchers[i] = budgetMatcher{
 			skipImpersonated: b.Impersonation == DirectOnly,
 			skipDirect:       b.Impersonation == ImpersonatedOnly,
-			resources:        b.Resources,
-			subjects:         compileSubjects(b.Subjects),
+			resources:        nilIfEmpty(b.Resources),
+			subjects:         nilIfEmpty(compileSubjects(b.Subjects)),
 		}
 	}
 	return p, nil
@@ -122,7 +122,8 @@ func (p *Policy) matchRequest(user string, groups []string, group, resource, nam
 		if impersonated && m.skipImpersonated || !impersonated && m.skipDirect {
 			continue
 		}
-		if matchResources(m.resources, group, resource, namespace) && matchSubjects(m.subjects, user, groups) {
+		if (m.resources == nil || matchResources(m.resources, group, resource, namespace)) &&
+			(m.subjects == nil || matchSubjects(m.subjects, user, groups)) {
 			return i
 		}
 	}
@@ -134,8 +135,10 @@ type budgetMatcher struct {
 	// skipImpersonated and skipDirect are Impersonation DirectOnly and
 	// ImpersonatedOnly.
 	skipImpersonated, skipDirect bool
-	resources                    []ResourceRule
-	subjects                     []subjectMatcher
+	// resources and subjects are nil when empty (matching everything), so
+	// that matchRequest calls no function for them.
+	resources []ResourceRule
+	subjects  []subjectMatcher
 }
 
 const serviceAccountPrefix = "system:serviceaccount:"
@@ -150,6 +153,13 @@ type subjectMatcher struct {
 	// prefix and the rest matches Name. Namespaces hold no ':', so this is
 	// the same as splitting the user name at its colons, in one comparison.
 	userPrefix string
+}
+
+func nilIfEmpty[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }
 
 type subjectKind uint8
@@ -194,7 +204,13 @@ func matchSubjects(subjects []subjectMatcher, user string, groups []string) bool
 			}
 		case kindServiceAccount:
 			if s.userPrefix != "" {
-				if rest, ok := strings.CutPrefix(user, s.userPrefix); ok && matchName(s.Name, rest) {
+				// Every such user begins with serviceAccountPrefix, so the
+				// namespace's first byte tells most apart before the
+				// whole prefix is compared (userPrefix is longer: the
+				// namespace is not empty).
+				p := s.userPrefix
+				if len(user) >= len(p) && user[len(serviceAccountPrefix)] == p[len(serviceAccountPrefix)] &&
+					user[:len(p)] == p && matchName(s.Name, user[len(p):]) {
 					return true
 				}
 			} else if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {
