@@ -289,20 +289,23 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	v := e.decide(id, e.advance(id, now.UnixNano(), cfg), r, cfg, stale)
 	sh.mu.Unlock()
 
-	// Built here, from values, rather than filled in through a pointer
+	// Built here, in the result, rather than filled in through a pointer
 	// under the lock: a Decision is 176 bytes, a third of them strings.
 	dryRun := v.reason != ReasonNone && cfg.Enforcement == DryRun
-	var w Watch
-	if v.admitted {
-		s := slots.Get().(*slot)
-		w = Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)}
-	}
 	if v.notify {
 		e.opts.OnThrottled(cfg.Name, r.User, v.reason, dryRun)
 	}
+	if v.admitted {
+		s := slots.Get().(*slot)
+		return Decision{
+			Allowed: true, Reason: v.reason, RetryAfter: v.retryAfter,
+			Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun,
+			Watch: Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)},
+		}
+	}
 	return Decision{
 		Allowed: v.reason == ReasonNone || dryRun, Reason: v.reason, RetryAfter: v.retryAfter,
-		Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun, Watch: w,
+		Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun,
 	}
 }
 
