@@ -81,7 +81,8 @@ const (
 // called periodically, evicts idle state.
 //
 // Per budget and identity (user name) the engine keeps:
-//   - a watch bucket (rate.Limiter) of Limits.WatchBurst tokens refilled at
+//   - a watch bucket (bucket: rate.Limiter's arithmetic) of
+//     Limits.WatchBurst tokens refilled at
 //     WatchOpensPerMinute; a watch takes 1 token, or InitialStateCost when
 //     it asks for initial state (no resourceVersion, "0", or
 //     sendInitialEvents), since that costs the server a LIST;
@@ -175,7 +176,7 @@ func (e *Engine) Policy() *Policy { return e.current.Load().policy }
 
 // SetPolicy makes p the current policy (nil means an empty one). State is
 // kept per budget name: a budget that stays keeps every identity's buckets
-// (reconfigured at now with rate.Limiter's SetLimitAt and SetBurstAt, so
+// (reconfigured at now as rate.Limiter's SetLimitAt and SetBurstAt do, so
 // accrued tokens survive a budget edit), open-watch counts and backoff. A
 // budget that goes frees its state; its open watches may still be released.
 // Decisions already under way finish under the old policy.
