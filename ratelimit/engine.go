@@ -21,7 +21,7 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 340 MiB (see
+	// identity out. At the cap, identities take about 232 MiB (see
 	// BENCHMARKS.md), plus at most one overflow backoff key each.
 	//
 	// At the cap a new identity is governed by its budget's shared
