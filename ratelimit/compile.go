@@ -42,10 +42,16 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	p.subjects = make([][]subjectMatcher, len(p.budgets))
+	p.matchers = make([]budgetMatcher, len(p.budgets))
 	for i := range p.budgets {
-		p.longestStaleMemory = max(p.longestStaleMemory, p.budgets[i].StaleVersions.Memory)
-		p.subjects[i] = compileSubjects(p.budgets[i].Subjects)
+		b := &p.budgets[i]
+		p.longestStaleMemory = max(p.longestStaleMemory, b.StaleVersions.Memory)
+		p.matchers[i] = budgetMatcher{
+			skipImpersonated: b.Impersonation == DirectOnly,
+			skipDirect:       b.Impersonation == ImpersonatedOnly,
+			resources:        nilIfEmpty(b.Resources),
+			subjects:         nilIfEmpty(compileSubjects(b.Subjects)),
+		}
 	}
 	return p, nil
 }
@@ -111,16 +117,28 @@ func (p *Policy) matchRequest(user string, groups []string, group, resource, nam
 	if p == nil {
 		return -1
 	}
-	for i := range p.budgets {
-		b := &p.budgets[i]
-		if (b.Impersonation == ImpersonatedOnly && !impersonated) || (b.Impersonation == DirectOnly && impersonated) {
+	for i := range p.matchers {
+		m := &p.matchers[i]
+		if impersonated && m.skipImpersonated || !impersonated && m.skipDirect {
 			continue
 		}
-		if matchResources(b.Resources, group, resource, namespace) && matchSubjects(p.subjects[i], user, groups) {
+		if (m.resources == nil || matchResources(m.resources, group, resource, namespace)) &&
+			(m.subjects == nil || matchSubjects(m.subjects, user, groups)) {
 			return i
 		}
 	}
 	return -1
+}
+
+// budgetMatcher is what matchRequest needs of a budget.
+type budgetMatcher struct {
+	// skipImpersonated and skipDirect are Impersonation DirectOnly and
+	// ImpersonatedOnly.
+	skipImpersonated, skipDirect bool
+	// resources and subjects are nil when empty (matching everything), so
+	// that matchRequest calls no function for them.
+	resources []ResourceRule
+	subjects  []subjectMatcher
 }
 
 const serviceAccountPrefix = "system:serviceaccount:"
@@ -128,6 +146,8 @@ const serviceAccountPrefix = "system:serviceaccount:"
 // subjectMatcher is a Subject compiled for matching.
 type subjectMatcher struct {
 	Subject
+	// kind is Kind as a number (a string switch compares bytes).
+	kind subjectKind
 	// userPrefix, for a ServiceAccount subject whose namespace is exact, is
 	// "system:serviceaccount:<namespace>:": a user matches when it has the
 	// prefix and the rest matches Name. Namespaces hold no ':', so this is
@@ -135,10 +155,29 @@ type subjectMatcher struct {
 	userPrefix string
 }
 
+func nilIfEmpty[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+type subjectKind uint8
+
+const (
+	kindUnknown subjectKind = iota
+	kindUser
+	kindGroup
+	kindServiceAccount
+)
+
+var kindOf = map[SubjectKind]subjectKind{User: kindUser, Group: kindGroup, ServiceAccount: kindServiceAccount}
+
 func compileSubjects(subjects []Subject) []subjectMatcher {
 	out := make([]subjectMatcher, len(subjects))
 	for i, s := range subjects {
 		out[i].Subject = s
+		out[i].kind = kindOf[s.Kind]
 		if s.Kind == ServiceAccount && !strings.ContainsAny(s.Namespace, ":*") {
 			out[i].userPrefix = serviceAccountPrefix + s.Namespace + ":"
 		}
@@ -152,20 +191,26 @@ func matchSubjects(subjects []subjectMatcher, user string, groups []string) bool
 	}
 	for i := range subjects {
 		s := &subjects[i]
-		switch s.Kind {
-		case User:
+		switch s.kind {
+		case kindUser:
 			if matchName(s.Name, user) {
 				return true
 			}
-		case Group:
+		case kindGroup:
 			for _, g := range groups {
 				if matchName(s.Name, g) {
 					return true
 				}
 			}
-		case ServiceAccount:
+		case kindServiceAccount:
 			if s.userPrefix != "" {
-				if rest, ok := strings.CutPrefix(user, s.userPrefix); ok && matchName(s.Name, rest) {
+				// Every such user begins with serviceAccountPrefix, so the
+				// namespace's first byte tells most apart before the
+				// whole prefix is compared (userPrefix is longer: the
+				// namespace is not empty).
+				p := s.userPrefix
+				if len(user) >= len(p) && user[len(serviceAccountPrefix)] == p[len(serviceAccountPrefix)] &&
+					user[:len(p)] == p && matchName(s.Name, user[len(p):]) {
 					return true
 				}
 			} else if rest, ok := strings.CutPrefix(user, serviceAccountPrefix); ok {

@@ -2,7 +2,8 @@
 // server. It answers one question per request — admit or reject, why, and
 // for how long — and learns from how each admitted watch ended.
 //
-// An Engine holds per-identity token buckets (golang.org/x/time/rate) for
+// An Engine holds per-identity token buckets (bucket.go: the arithmetic of
+// golang.org/x/time/rate.Limiter without its lock, tested against it) for
 // watch opens and lists, a cap on concurrent watches, per-watch-key
 // exponential backoff, and a memory of resourceVersions the API server has
 // declared too old. Its rules come from an immutable Policy, compiled from
@@ -34,6 +35,8 @@
 //     StaleRepeatHold;
 //   - engine.go: Engine, Options, Decide, WatchEnded, SetPolicy;
 //   - identity.go: per-budget sharded identity state and its buckets;
+//   - bucket.go: the token bucket, rate.Limiter's arithmetic under the
+//     shard's lock (why: see bucket);
 //   - backoff.go: the backoff formula, how watch endings and stale
 //     answers feed it, and the per-identity overflow key;
 //   - watchkey.go: the fixed-size hash a backoff key is stored as;

@@ -21,7 +21,7 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 340 MiB (see
+	// identity out. At the cap, identities take about 232 MiB (see
 	// BENCHMARKS.md), plus at most one overflow backoff key each.
 	//
 	// At the cap a new identity is governed by its budget's shared
@@ -81,7 +81,8 @@ const (
 // called periodically, evicts idle state.
 //
 // Per budget and identity (user name) the engine keeps:
-//   - a watch bucket (rate.Limiter) of Limits.WatchBurst tokens refilled at
+//   - a watch bucket (bucket: rate.Limiter's arithmetic) of
+//     Limits.WatchBurst tokens refilled at
 //     WatchOpensPerMinute; a watch takes 1 token, or InitialStateCost when
 //     it asks for initial state (no resourceVersion, "0", or
 //     sendInitialEvents), since that costs the server a LIST;
@@ -175,7 +176,7 @@ func (e *Engine) Policy() *Policy { return e.current.Load().policy }
 
 // SetPolicy makes p the current policy (nil means an empty one). State is
 // kept per budget name: a budget that stays keeps every identity's buckets
-// (reconfigured at now with rate.Limiter's SetLimitAt and SetBurstAt, so
+// (reconfigured at now as rate.Limiter's SetLimitAt and SetBurstAt do, so
 // accrued tokens survive a budget edit), open-watch counts and backoff. A
 // budget that goes frees its state; its open watches may still be released.
 // Decisions already under way finish under the old policy.
@@ -223,7 +224,7 @@ func (e *Engine) reconfigure(bs *budgetState, now time.Time) {
 	cfg := bs.cfg.Load()
 	apply := func(id *identity) {
 		if id.cfg != cfg {
-			e.configure(id, id.clock(now), cfg)
+			e.configure(id, id.clock(now.UnixNano()), cfg)
 		}
 	}
 	for i := range bs.shards {
@@ -266,12 +267,11 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	}
 	bs := a.states[i]
 	cfg := bs.cfg.Load()
-	d := Decision{Allowed: true, Budget: cfg.Name, Enforcement: cfg.Enforcement}
 	h := maphash.String(e.userSeed, r.User)
 	sh := bs.shardFor(h)
 	if cfg.Enforcement == Exempt {
 		sh.exempt.Add(1)
-		return d
+		return Decision{Allowed: true, Budget: cfg.Name, Enforcement: cfg.Enforcement}
 	}
 	stale := r.Verb == VerbWatch && cfg.StaleVersions.Action == StaleReject &&
 		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, &cfg.StaleVersions)
@@ -287,64 +287,82 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 			id = sh.spill
 		}
 	}
-	notify := e.decide(id, e.advance(id, now, cfg), r, cfg, stale, &d)
+	v := e.decide(id, e.advance(id, now.UnixNano(), cfg), r, cfg, stale)
 	sh.mu.Unlock()
 
-	if notify {
-		e.opts.OnThrottled(cfg.Name, r.User, d.Reason, d.DryRun)
+	// Built here, in the result, rather than filled in through a pointer
+	// under the lock: a Decision is 176 bytes, a third of them strings.
+	dryRun := v.reason != ReasonNone && cfg.Enforcement == DryRun
+	if v.notify {
+		e.opts.OnThrottled(cfg.Name, r.User, v.reason, dryRun)
 	}
-	return d
+	if v.admitted {
+		s := slots.Get().(*slot)
+		return Decision{
+			Allowed: true, Reason: v.reason, RetryAfter: v.retryAfter,
+			Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun,
+			Watch: Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)},
+		}
+	}
+	return Decision{
+		Allowed: v.reason == ReasonNone || dryRun, Reason: v.reason, RetryAfter: v.retryAfter,
+		Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun,
+	}
 }
 
-// decide fills in d for id, deciding at now under cfg (stale: r asks for a
-// version the stale memory holds), and reports whether to call
-// OnThrottled. id.sh.mu is held.
-func (e *Engine) decide(id *identity, now time.Time, r *Request, cfg *Budget, stale bool, d *Decision) (notify bool) {
+// verdict is decide's answer.
+type verdict struct {
+	reason     Reason
+	retryAfter time.Duration
+	// admitted: a watch was allowed and counted as open; it needs a slot.
+	admitted bool
+	// notify: call OnThrottled.
+	notify bool
+}
+
+// decide decides r for id at now (UnixNano) under cfg (stale: r asks for
+// a version the stale memory holds), counts the decision and an admitted
+// watch, and reports whether to call OnThrottled. id.sh.mu is held.
+func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale bool) (v verdict) {
 	watch := r.Verb == VerbWatch
 	switch {
 	case stale:
-		d.Reason = ReasonStaleResourceVersion
+		v.reason = ReasonStaleResourceVersion
 		if cfg.Enforcement != DryRun {
 			req := requestKeyOf(r)
-			d.RetryAfter = e.staleHold(id, &req, now, cfg.Backoff)
+			v.retryAfter = e.staleHold(id, &req, time.Unix(0, now), cfg.Backoff)
 		}
 	case watch:
-		d.Reason, d.RetryAfter = e.checkWatch(id, now, r, cfg)
-	case r.Verb == VerbList && id.list != nil && !id.list.AllowN(now, 1):
-		d.Reason, d.RetryAfter = ReasonRateLimited, tokenWait(id.list, now, 1)
+		v.reason, v.retryAfter = e.checkWatch(id, now, r, cfg)
+	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now, 1):
+		v.reason, v.retryAfter = ReasonRateLimited, tokenWait(&id.list, now, 1)
 	}
 	sh := id.sh
-	if d.Reason != ReasonNone && cfg.Enforcement == DryRun {
-		d.DryRun = true
-	} else if d.Reason != ReasonNone {
-		d.Allowed = false
-	}
-	if d.Allowed && watch {
-		s := slots.Get().(*slot)
-		d.Watch = Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)}
+	if watch && (v.reason == ReasonNone || cfg.Enforcement == DryRun) {
+		v.admitted = true
 		id.open++
 		sh.open++
 	}
-	sh.decisions[reasonIndex(d.Reason)]++
-	if d.Reason == ReasonNone {
-		return false
+	sh.decisions[reasonIndex(v.reason)]++
+	if v.reason == ReasonNone {
+		return v
 	}
 	id.rejections++
-	ns := now.UnixNano()
-	if e.opts.OnThrottled != nil && (id.notified == 0 || ns-id.notified >= int64(e.opts.ThrottleNotifyInterval)) {
-		id.notified = ns
-		return true
+	if e.opts.OnThrottled != nil && (id.notified == 0 || now-id.notified >= int64(e.opts.ThrottleNotifyInterval)) {
+		id.notified = now
+		v.notify = true
 	}
-	return false
+	return v
 }
 
 // checkWatch runs the checks after the stale version on a watch, in order,
-// and takes its tokens when they all pass. id.sh.mu is held.
-func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget) (Reason, time.Duration) {
+// at now (UnixNano), and takes its tokens when they all pass. id.sh.mu is
+// held.
+func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (Reason, time.Duration) {
 	if len(id.backoff) > 0 {
 		req := requestKeyOf(r)
 		if _, st, ok := id.lookup(e.seeds.watchKeyOf(&req)); ok {
-			if wait := st.until - now.UnixNano(); wait > 0 {
+			if wait := st.until - now; wait > 0 {
 				return ReasonBackingOff, time.Duration(wait)
 			}
 		}
@@ -352,13 +370,13 @@ func (e *Engine) checkWatch(id *identity, now time.Time, r *Request, cfg *Budget
 	if c := cfg.Limits.MaxConcurrentWatches; c > 0 && id.open >= c {
 		return ReasonTooManyWatches, TooManyWatchesRetryAfter
 	}
-	if id.watch != nil {
+	if id.watch.limited() {
 		n := 1
 		if r.initialState() {
-			n = min(int(cfg.Limits.InitialStateCost), id.watch.Burst())
+			n = min(int(cfg.Limits.InitialStateCost), id.watch.burst)
 		}
-		if !id.watch.AllowN(now, n) {
-			return ReasonRateLimited, tokenWait(id.watch, now, n)
+		if !id.watch.allowN(now, n) {
+			return ReasonRateLimited, tokenWait(&id.watch, now, n)
 		}
 	}
 	return ReasonNone, 0
@@ -395,7 +413,7 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 	sh.mu.Lock()
 	id.open--
 	sh.open--
-	id.touch(now)
+	id.touch(now.UnixNano())
 	if id != sh.spill && !sh.bs.removed.Load() {
 		e.learn(id, &w.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // numShards splits each budget's identities over this many locks, so
@@ -62,8 +60,9 @@ type identity struct {
 	next *identity
 	// cfg is the budget the buckets were last configured from.
 	cfg *Budget
-	// watch and list are nil when opens / lists are not limited.
-	watch, list *rate.Limiter
+	// watch and list are the zero bucket when opens / lists are not
+	// limited.
+	watch, list bucket
 	// backoff is per watch key, with at most
 	// Options.MaxBackoffKeysPerIdentity keys plus overflowKey; nil until a
 	// watch fails or is answered stale.
@@ -171,12 +170,12 @@ func (e *Engine) track(sh *shard, h uint64, user string) *identity {
 	return id
 }
 
-// advance moves the identity's clock to now (or keeps it, when now is
-// earlier: concurrent callers' instants may arrive out of order, and a
-// bucket whose clock ran backwards would hand out tokens twice), and
+// advance moves the identity's clock to now (UnixNano; or keeps it, when
+// now is earlier: concurrent callers' instants may arrive out of order, and
+// a bucket whose clock ran backwards would hand out tokens twice), and
 // reconfigures its buckets when the budget changed. It returns the instant
-// to decide at. id.sh.mu is held.
-func (e *Engine) advance(id *identity, now time.Time, cfg *Budget) time.Time {
+// (UnixNano) to decide at. id.sh.mu is held.
+func (e *Engine) advance(id *identity, now int64, cfg *Budget) int64 {
 	now = id.clock(now)
 	id.touch(now)
 	if id.cfg != cfg {
@@ -185,31 +184,31 @@ func (e *Engine) advance(id *identity, now time.Time, cfg *Budget) time.Time {
 	return now
 }
 
-// clock returns now, or the buckets' latest instant when now is earlier,
-// and makes it the buckets' latest instant.
-func (id *identity) clock(now time.Time) time.Time {
-	ns := now.UnixNano()
-	if ns < id.bucketsAt {
-		return time.Unix(0, id.bucketsAt)
+// clock returns now (UnixNano), or the buckets' latest instant when now is
+// earlier, and makes it the buckets' latest instant.
+func (id *identity) clock(now int64) int64 {
+	if now < id.bucketsAt {
+		return id.bucketsAt
 	}
-	id.bucketsAt = ns
+	id.bucketsAt = now
 	return now
 }
 
-// touch records activity at now, for eviction.
-func (id *identity) touch(now time.Time) {
-	id.lastActive = max(id.lastActive, now.UnixNano())
+// touch records activity at now (UnixNano), for eviction.
+func (id *identity) touch(now int64) {
+	id.lastActive = max(id.lastActive, now)
 }
 
-// configure makes the buckets follow cfg at now, keeping the tokens they
-// hold (rate.Limiter's SetLimitAt and SetBurstAt advance first). A bucket
-// that appears starts full, like a new identity's. A budget without backoff
+// configure makes the buckets follow cfg at now (UnixNano), keeping the tokens they
+// hold (setLimitAt and setBurstAt advance first, as rate.Limiter's
+// SetLimitAt and SetBurstAt do). A bucket that appears starts full, like a
+// new identity's. A budget without backoff
 // clears the identity's backoff delays (keeping its stale-answer records,
 // which hold repeats back whatever the backoff). id.sh.mu is held.
-func (e *Engine) configure(id *identity, now time.Time, cfg *Budget) {
+func (e *Engine) configure(id *identity, now int64, cfg *Budget) {
 	id.cfg = cfg
-	id.watch = rebucket(id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
-	id.list = rebucket(id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
+	rebucket(&id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
+	rebucket(&id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
 	if cfg.Backoff.Initial == 0 {
 		for k, st := range id.backoff {
 			if st.staleAt == 0 {
@@ -221,21 +220,24 @@ func (e *Engine) configure(id *identity, now time.Time, cfg *Budget) {
 	}
 }
 
-func rebucket(lim *rate.Limiter, now time.Time, perMinute, burst int32) *rate.Limiter {
+// rebucket makes b refill at perMinute up to burst from now, keeping its
+// tokens; perMinute ≤ 0 makes it the zero (unlimited) bucket.
+func rebucket(b *bucket, now int64, perMinute, burst int32) {
 	if perMinute <= 0 {
-		return nil
+		*b = bucket{}
+		return
 	}
-	r := rate.Limit(float64(perMinute) / 60)
-	if lim == nil {
-		return rate.NewLimiter(r, int(burst))
+	r := float64(perMinute) / 60
+	if !b.limited() {
+		*b = newBucket(now, r, int(burst))
+		return
 	}
-	if lim.Limit() != r {
-		lim.SetLimitAt(now, r)
+	if b.limit != r {
+		b.setLimitAt(now, r)
 	}
-	if lim.Burst() != int(burst) {
-		lim.SetBurstAt(now, int(burst))
+	if b.burst != int(burst) {
+		b.setBurstAt(now, int(burst))
 	}
-	return lim
 }
 
 // idle reports whether dropping the identity would change no decision: it
@@ -244,18 +246,18 @@ func rebucket(lim *rate.Limiter, now time.Time, perMinute, burst int32) *rate.Li
 func (id *identity) idle(now time.Time, idleAfter time.Duration) bool {
 	return id.open == 0 && len(id.backoff) == 0 &&
 		now.UnixNano()-id.lastActive >= int64(idleAfter) &&
-		full(id.watch, now) && full(id.list, now)
+		full(&id.watch, now) && full(&id.list, now)
 }
 
-func full(lim *rate.Limiter, now time.Time) bool {
-	return lim == nil || lim.TokensAt(now) >= float64(lim.Burst())
+func full(b *bucket, now time.Time) bool {
+	return !b.limited() || b.tokensAt(now.UnixNano()) >= float64(b.burst)
 }
 
-// tokenWait is how long until lim holds n tokens.
-func tokenWait(lim *rate.Limiter, now time.Time, n int) time.Duration {
-	missing := float64(n) - lim.TokensAt(now)
-	d := time.Duration(missing / float64(lim.Limit()) * float64(time.Second))
-	if float64(d) < missing/float64(lim.Limit())*float64(time.Second) {
+// tokenWait is how long from now (UnixNano) until b holds n tokens.
+func tokenWait(b *bucket, now int64, n int) time.Duration {
+	missing := float64(n) - b.tokensAt(now)
+	d := time.Duration(missing / b.limit * float64(time.Second))
+	if float64(d) < missing/b.limit*float64(time.Second) {
 		d++ // round up: never tell a client to come back too early
 	}
 	return max(d, 1)

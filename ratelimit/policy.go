@@ -9,8 +9,9 @@ type Policy struct {
 	// budgets are deep copies with defaults filled in, in match order:
 	// precedence ascending, then name.
 	budgets []Budget
-	// subjects[i] are budgets[i].Subjects, compiled for matching.
-	subjects [][]subjectMatcher
+	// matchers[i] is budgets[i] compiled for matching: what matchRequest
+	// reads, together, in place of the much larger Budget.
+	matchers []budgetMatcher
 	// longestStaleMemory bounds how long the engine keeps a stale version.
 	longestStaleMemory time.Duration
 }

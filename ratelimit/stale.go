@@ -83,11 +83,25 @@ func (m *staleMemory) init() {
 // the API server refuses itself. It skips leading zeros and reads at most
 // 20 digits, so a huge rv costs a scan, never a copy.
 func parseVersion(rv string) (uint64, bool) {
-	digits := strings.TrimLeft(rv, "0")
+	z := 0
+	for z < len(rv) && rv[z] == '0' {
+		z++
+	}
+	digits := rv[z:]
 	if digits == "" || len(digits) > 20 {
 		return 0, false
 	}
 	var v uint64
+	if len(digits) < 20 { // at most 19 digits: below 10¹⁹ < 2⁶⁴, cannot overflow
+		for i := 0; i < len(digits); i++ {
+			d := uint64(digits[i] - '0')
+			if d > 9 {
+				return 0, false
+			}
+			v = v*10 + d
+		}
+		return v, true
+	}
 	for i := 0; i < len(digits); i++ {
 		d := uint64(digits[i] - '0')
 		if d > 9 || v > (math.MaxUint64-d)/10 {
