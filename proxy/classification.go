@@ -7,9 +7,9 @@ import (
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
-	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/validate/content"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
 
@@ -76,57 +76,106 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogge
 	return c, nil
 }
 
-// requestInfo is f.NewRequestInfo(r), without the line the factory logs
-// through klog, outside the proxy's log sampling and with the whole query
-// in it, when the query of a collection GET does not parse (a malformed
-// selector, a watch=maybe). The proxy parses such a query first, exactly
-// as the factory does; when it does not parse, it logs a bounded, sampled
-// line and hands the factory the only part of the query it uses then (the
-// watch parameter, read as the factory reads it), and restores the
-// selectors the factory copies as sent. The result is the factory's.
+// requestInfo is f.NewRequestInfo(r), computed with one parse of the
+// query (q) instead of the factory's several, and without the line the
+// factory logs through klog, outside the proxy's log sampling and with the
+// whole query in it, when the query of a collection GET does not parse (a
+// malformed selector, a watch=maybe).
+//
+// The factory reads the query in two places only: for a GET or HEAD of a
+// collection it decodes the query into ListOptions (to tell a watch from a
+// list and to read a name from fieldSelector=metadata.name=...), and for a
+// list, watch or deletecollection it copies the selectors as sent. So the
+// proxy asks the factory about the path alone, then does those two things
+// itself exactly as the factory does (listQuery): decoding fails exactly
+// where the factory's decoding fails (an integer that does not parse in
+// timeoutSeconds or limit, a selector that does not parse), and on failure
+// the factory's fallback applies (the watch parameter read loosely, no
+// name). FuzzClassification checks the result against the factory's.
 func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, logs *sampledLogger) (*request.RequestInfo, error) {
-	if (r.Method != http.MethodGet && r.Method != http.MethodHead) || r.URL.RawQuery == "" {
+	if r.URL.RawQuery == "" {
 		return f.NewRequestInfo(r)
 	}
-	var opts metainternalversion.ListOptions
-	perr := metainternalversionscheme.ParameterCodec.DecodeParameters(q, metav1.SchemeGroupVersion, &opts)
-	if perr == nil {
-		return f.NewRequestInfo(r)
-	}
-	reduced := *r
-	u := *r.URL
-	u.RawQuery = ""
-	reduced.URL = &u
-	// The factory parses the query only for a GET of a collection, which
-	// it reads as a list when the query says nothing.
-	if info, err := f.NewRequestInfo(&reduced); err != nil || info.Verb != "list" {
-		return f.NewRequestInfo(r)
-	}
-	logs.Info("Cannot parse the query of a request", "path", boundedForLog(r.URL.Path),
-		"query", boundedForLog(r.URL.RawQuery), "err", boundedForLog(perr.Error()))
-	if vals := q["watch"]; len(vals) > 0 {
-		switch strings.ToLower(vals[0]) {
-		case "false", "0":
-		default:
-			u.RawQuery = "watch=true"
-		}
-	}
-	info, err := f.NewRequestInfo(&reduced)
+	info, err := f.NewRequestInfo(&http.Request{Method: r.Method, URL: &url.URL{Path: r.URL.Path}})
 	if err != nil {
-		return nil, err
+		// The same error; the factory's message names the whole URL.
+		return f.NewRequestInfo(r)
 	}
-	// The factory copies the selectors as sent for a list or watch whose
-	// verb came from the query, as here.
 	switch info.Verb {
-	case "list", "watch":
-		if vals := q["fieldSelector"]; len(vals) > 0 {
-			info.FieldSelector = vals[0]
+	case "list":
+		// A GET of a collection: the query says list or watch.
+		watch, name, perr := listQuery(q)
+		if perr != nil {
+			logs.Info("Cannot parse the query of a request", "path", boundedForLog(r.URL.Path),
+				"query", boundedForLog(r.URL.RawQuery), "err", boundedForLog(perr.Error()))
+			watch, name = false, ""
+			if vals := q["watch"]; len(vals) > 0 {
+				switch strings.ToLower(vals[0]) {
+				case "false", "0":
+				default:
+					watch = true
+				}
+			}
 		}
-		if vals := q["labelSelector"]; len(vals) > 0 {
-			info.LabelSelector = vals[0]
+		if watch {
+			info.Verb = "watch"
 		}
+		if name != "" {
+			info.Name = name
+		}
+		copySelectors(info, q)
+	case "deletecollection":
+		copySelectors(info, q)
 	}
 	return info, nil
+}
+
+// listQuery reads q as metainternalversionscheme.ParameterCodec decodes it
+// into ListOptions, but only what the factory uses: watch (only absent,
+// "0" and "false" in any case are false), the name of a fieldSelector that
+// requires metadata.name to equal a valid path segment, and whether
+// decoding fails at all.
+func listQuery(q url.Values) (watch bool, name string, err error) {
+	if len(q) == 0 {
+		return false, "", nil
+	}
+	for _, key := range [...]string{"timeoutSeconds", "limit"} {
+		if vals := q[key]; len(vals) > 0 {
+			if _, err := strconv.ParseInt(vals[0], 10, 64); err != nil {
+				return false, "", err
+			}
+		}
+	}
+	if vals := q["labelSelector"]; len(vals) > 0 && vals[0] != "" {
+		if _, err := labels.Parse(vals[0]); err != nil {
+			return false, "", err
+		}
+	}
+	if vals := q["fieldSelector"]; len(vals) > 0 && vals[0] != "" {
+		sel, err := fields.ParseSelector(vals[0])
+		if err != nil {
+			return false, "", err
+		}
+		if n, ok := sel.RequiresExactMatch("metadata.name"); ok && len(content.IsPathSegmentName(n)) == 0 {
+			name = n
+		}
+	}
+	if vals := q["watch"]; len(vals) > 0 {
+		watch = vals[0] != "0" && !strings.EqualFold(vals[0], "false")
+	}
+	return watch, name, nil
+}
+
+// copySelectors sets info's selectors to the query's, as sent, as the
+// factory does for a list, watch or deletecollection whose verb did not
+// come from the path.
+func copySelectors(info *request.RequestInfo, q url.Values) {
+	if vals := q["fieldSelector"]; len(vals) > 0 {
+		info.FieldSelector = vals[0]
+	}
+	if vals := q["labelSelector"]; len(vals) > 0 {
+		info.LabelSelector = vals[0]
+	}
 }
 
 // withClassification classifies every request for the filters after it;

@@ -102,7 +102,7 @@ func NewServer(opts Options) (*Server, error) {
 		o.TokenCacheTTL, o.TokenCacheNegativeTTL)
 	var saTokens *serviceAccountTokens
 	if *o.LocalServiceAccountTokens {
-		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock)
+		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL)
 	}
 	tokens := localThenReviewed(saTokens, reviewed, o.Clock)
 	impersonation := cachedAuthorizer(subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews()),

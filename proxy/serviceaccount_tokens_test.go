@@ -91,7 +91,7 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk)
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, 10*time.Second)
 	ctx := context.Background()
 	if err := sa.refresh(ctx); err != nil {
 		t.Fatal(err)
@@ -179,5 +179,61 @@ func TestFairReviews(t *testing.T) {
 	}
 	if n := allowed("agent", true, 3); n != 3 {
 		t.Fatalf("a privileged requester got %d of 3, want 3 (it skips the shared bucket)", n)
+	}
+}
+
+// Issue 10 item 2: a token found valid is not verified again while its
+// claims hold and the keys are the same; once the key that signed it is
+// withdrawn, or past its exp, it is verified again (and no longer valid).
+func TestServiceAccountTokenVerdictsCached(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	issuer := &testIssuerServer{}
+	key := newKey(t)
+	issuer.publish("k1", key)
+	srv := httptest.NewServer(issuer)
+	t.Cleanup(srv.Close)
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute)
+	ctx := context.Background()
+	if err := sa.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exp := t0.Add(30 * time.Second)
+	good := saToken(t, key, "k1", testIssuer, testIssuer, exp)
+	first, v := sa.verify(ctx, good, t0)
+	if v != validServiceAccount {
+		t.Fatalf("verdict %v, want valid", v)
+	}
+	again, v := sa.verify(ctx, good, t0.Add(time.Second))
+	if v != validServiceAccount || again != first {
+		t.Fatalf("verdict %v, user %p after %p: want the remembered user", v, again, first)
+	}
+	if _, v := sa.verify(ctx, good, exp.Add(time.Second)); v != notLocal {
+		t.Fatalf("verdict %v past exp, want notLocal", v)
+	}
+	if _, v := sa.verify(ctx, good, t0.Add(-time.Hour)); v != notLocal {
+		t.Fatalf("verdict %v before nbf, want notLocal", v)
+	}
+
+	// Same key set fetched again: still remembered.
+	if err := sa.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if u, v := sa.verify(ctx, good, t0.Add(2*time.Second)); v != validServiceAccount || u != first {
+		t.Fatalf("verdict %v after an unchanged refresh, want the remembered user", v)
+	}
+	// The key withdrawn: the token is verified again and is no one's.
+	issuer.mu.Lock()
+	issuer.keys.Keys = nil
+	issuer.mu.Unlock()
+	if err := sa.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, v := sa.verify(ctx, good, t0.Add(3*time.Second)); v != notLocal {
+		t.Fatalf("verdict %v after its key was withdrawn, want notLocal", v)
 	}
 }
