@@ -43,7 +43,8 @@ ticker() {
 }
 ticker >&2 &  # not on stdout: `$(hack/testbin.sh)` would wait for it
 ticker_pid=$!
-trap 'kill "$ticker_pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+# set -e applies inside the trap too: the ticker is usually gone by then.
+trap 'kill "$ticker_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for target in k8s.io/kubernetes/cmd/kube-apiserver ./etcd k8s.io/kubernetes/cmd/kubectl; do
   name=$(basename "$target")
   echo "$name" >"$progress"
