@@ -55,6 +55,7 @@ type options struct {
 	tlsPrivateKeyFile  string
 	metricsBindAddress string
 	probeBindAddress   string
+	pprofBindAddress   string
 	leaderElect        bool
 	leaderElectionNS   string
 	podName            string
@@ -93,6 +94,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.tlsPrivateKeyFile, "tls-private-key-file", "", "Private key of --tls-cert-file (PEM).")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8080", "Address /metrics is served on (plain HTTP); \"0\" disables it.")
 	fs.StringVar(&o.probeBindAddress, "health-probe-bind-address", ":8081", "Address /healthz and /readyz are served on.")
+	fs.StringVar(&o.pprofBindAddress, "pprof-bind-address", "0", "Address Go's /debug/pprof/ profiles are served on (plain HTTP, no authentication: bind it to loopback); \"0\" (default) disables it.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader among replicas for the writes that need one (status pruning, conditions). The proxy and policy reload run on every replica.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader-election Lease. Empty: the pod's namespace ($POD_NAMESPACE), or kube-system outside a cluster.")
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status. Default $POD_NAME, else the host name.")
@@ -139,9 +141,15 @@ func (o *options) validate() error {
 			errs = append(errs, fmt.Errorf("%s %q: %w", f.name, f.addr, err))
 		}
 	}
-	if o.metricsBindAddress != "0" {
-		if _, _, err := net.SplitHostPort(o.metricsBindAddress); err != nil {
-			errs = append(errs, fmt.Errorf("--metrics-bind-address %q: %w", o.metricsBindAddress, err))
+	for _, f := range []struct{ name, addr string }{
+		{"--metrics-bind-address", o.metricsBindAddress},
+		{"--pprof-bind-address", o.pprofBindAddress},
+	} {
+		if f.addr == "0" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(f.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", f.name, f.addr, err))
 		}
 	}
 	if o.upstreamTimeout < time.Second || o.upstreamTimeout > 5*time.Minute {
@@ -302,6 +310,7 @@ func run(ctx context.Context, args []string) error {
 		Scheme:                  newScheme(),
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsBindAddress},
 		HealthProbeBindAddress:  o.probeBindAddress,
+		PprofBindAddress:        o.pprofBindAddress,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "watchgate.watchgate.io",
 		LeaderElectionNamespace: o.leaderElectionNS,

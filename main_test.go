@@ -189,6 +189,7 @@ func TestFlagErrorsComeInFlagOrder(t *testing.T) {
 		proxyBindAddress:   "8443",
 		probeBindAddress:   "8081",
 		metricsBindAddress: "8080",
+		pprofBindAddress:   "6060",
 		upstreamTimeout:    time.Hour,
 		shutdownGrace:      time.Hour,
 	}
@@ -196,7 +197,7 @@ func TestFlagErrorsComeInFlagOrder(t *testing.T) {
 	if first == nil {
 		t.Fatal("validate accepted bad flags")
 	}
-	want := []string{"--tls-cert-file", "--proxy-bind-address", "--health-probe-bind-address", "--metrics-bind-address", "--upstream-check-timeout", "--shutdown-grace-period"}
+	want := []string{"--tls-cert-file", "--proxy-bind-address", "--health-probe-bind-address", "--metrics-bind-address", "--pprof-bind-address", "--upstream-check-timeout", "--shutdown-grace-period"}
 	at := -1
 	for _, flag := range want {
 		i := strings.Index(first.Error(), flag)

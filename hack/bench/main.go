@@ -37,6 +37,11 @@ type config struct {
 	idle       int
 	timeout    time.Duration
 	write      bool
+	// cpuProfile, when set, receives a CPU profile of watchgate taken
+	// through its --pprof-bind-address over the first profileFor of the
+	// rounds.
+	cpuProfile string
+	profileFor time.Duration
 }
 
 func main() {
@@ -59,11 +64,13 @@ func main() {
 	flag.IntVar(&c.objects, "objects", 3000, "config maps a replay streams (1-20000)")
 	flag.IntVar(&c.idle, "idle-watches", 2000, "idle watches held open per proxy for the memory figure (1-10000)")
 	flag.DurationVar(&c.timeout, "timeout", 12*time.Minute, "the whole run gives up after this (1m-1h)")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of watchgate over the rounds to this file (go tool pprof bin/watchgate FILE); profiling costs watchgate CPU, so pair it with -write=false")
+	flag.DurationVar(&c.profileFor, "profile-for", 30*time.Second, "how long -cpuprofile profiles, from the first round (1s-10m)")
 	flag.Parse()
 	if c.rounds < 1 || c.rounds > 100 || c.gets < 1 || c.gets > 10000 || c.opens < 1 || c.opens > 10000 ||
 		c.replays < 1 || c.replays > 100 || c.objects < 1 || c.objects > 20000 || c.idle < 1 || c.idle > 10000 ||
-		c.timeout < time.Minute || c.timeout > time.Hour {
-		fmt.Fprintln(os.Stderr, "bench: a count or --timeout is out of bounds (see -h)")
+		c.timeout < time.Minute || c.timeout > time.Hour || c.profileFor < time.Second || c.profileFor > 10*time.Minute {
+		fmt.Fprintln(os.Stderr, "bench: a count, --timeout or --profile-for is out of bounds (see -h)")
 		os.Exit(2)
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
