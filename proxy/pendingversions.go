@@ -69,7 +69,12 @@ func pendingVersionKey(c *classification) (versionKey, bool) {
 // an ERROR, or its 200 stayed quiet for pendingVersionQuietWindow; it is
 // "none" (the twins go upstream) when the first watch was rejected, got
 // another status code or an error other than 410, or ended. A watch from a
-// version no other watch is asking about never waits.
+// version no other watch is asking about never waits, nor does one whose
+// first watch's client has already left: that watch can teach nothing
+// more, so the newcomer takes its place as the first (a client that
+// closes each watch and opens the next from the same version, as
+// benchmarks and some dashboards do, would otherwise wait for the
+// previous watch's handler to unwind).
 //
 // State is bounded in count (maxPendingVersions) and bytes
 // (maxPendingVersionBytes); when full, watches are not held. It is safe for
@@ -104,6 +109,9 @@ func (p *pendingVersions) window(floor time.Duration) time.Duration {
 type pendingVersion struct {
 	owner *pendingVersions
 	key   versionKey
+	// asker is the first watch's request context: once it is done, the
+	// first watch will not learn anything more.
+	asker context.Context
 	done  chan struct{}
 	once  sync.Once
 }
@@ -116,20 +124,25 @@ func versionKeyBytes(k versionKey) int {
 	return len(k.group) + len(k.resource) + pendingVersionOverhead
 }
 
-// join returns the pendingVersion to carry when this watch is the first
-// from key, or the channel to wait on when another watch is asking; both
-// nil when the table is full.
-func (p *pendingVersions) join(k versionKey) (first *pendingVersion, wait <-chan struct{}) {
+// join returns the pendingVersion to carry when this watch (whose request
+// context is ctx) is the first from key, or the channel to wait on when
+// another watch is asking; both nil when the table is full.
+func (p *pendingVersions) join(ctx context.Context, k versionKey) (first *pendingVersion, wait <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pv, ok := p.m[k]; ok {
-		return nil, pv.done
+		if pv.asker.Err() == nil {
+			return nil, pv.done
+		}
+		// Its client left: release its twins now and take its place.
+		p.forgetLocked(pv)
+		pv.release()
 	}
 	n := versionKeyBytes(k)
 	if len(p.m) >= maxPendingVersions || p.bytes+n > maxPendingVersionBytes {
 		return nil, nil
 	}
-	pv := &pendingVersion{owner: p, key: k, done: make(chan struct{})}
+	pv := &pendingVersion{owner: p, key: k, asker: ctx, done: make(chan struct{})}
 	p.m[k] = pv
 	p.bytes += n
 	return pv, nil
@@ -137,14 +150,25 @@ func (p *pendingVersions) join(k versionKey) (first *pendingVersion, wait <-chan
 
 // resolve ends the wait of pv's twins; only the first call does anything.
 func (pv *pendingVersion) resolve() {
-	pv.once.Do(func() {
-		p := pv.owner
-		p.mu.Lock()
+	p := pv.owner
+	p.mu.Lock()
+	p.forgetLocked(pv)
+	p.mu.Unlock()
+	pv.release()
+}
+
+// release closes pv.done once; it takes no lock.
+func (pv *pendingVersion) release() {
+	pv.once.Do(func() { close(pv.done) })
+}
+
+// forgetLocked removes pv from the table unless another watch has taken
+// its key since. p.mu must be held.
+func (p *pendingVersions) forgetLocked(pv *pendingVersion) {
+	if p.m[pv.key] == pv {
 		delete(p.m, pv.key)
 		p.bytes -= versionKeyBytes(pv.key)
-		p.mu.Unlock()
-		close(pv.done)
-	})
+	}
 }
 
 // len is the number of versions asked about.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"sync"
@@ -106,11 +107,12 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 			t.Errorf("version %q is held, want it passed", rv)
 		}
 	}
-	first, wait := p.join(k1)
+	ctx := context.Background()
+	first, wait := p.join(ctx, k1)
 	if first == nil || wait != nil {
 		t.Fatal("the first watch must not wait")
 	}
-	if f, w := p.join(k2); f != nil || w == nil {
+	if f, w := p.join(ctx, k2); f != nil || w == nil {
 		t.Fatal("a twin must wait")
 	}
 	first.resolve()
@@ -121,12 +123,44 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 	long := strings.Repeat("r", 64<<10)
 	n := 0
 	for i := range maxPendingVersions + 10 {
-		if f, _ := p.join(versionKey{resource: long, version: uint64(i + 1)}); f != nil {
+		if f, _ := p.join(ctx, versionKey{resource: long, version: uint64(i + 1)}); f != nil {
 			n++
 		}
 	}
 	if p.bytes > maxPendingVersionBytes || n >= maxPendingVersions {
 		t.Errorf("%d entries of %d bytes held, want at most %d bytes", n, p.bytes, maxPendingVersionBytes)
+	}
+}
+
+// A watch whose first watch's client has left does not wait: it takes the
+// first's place, and whoever waited on the first is released at once.
+// The first's own late resolve does not remove its successor.
+func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
+	p := newPendingVersions()
+	k := versionKey{resource: "pods", version: 7}
+	gone, leave := context.WithCancel(context.Background())
+	first, _ := p.join(gone, k)
+	_, twinWait := p.join(context.Background(), k)
+	if first == nil || twinWait == nil {
+		t.Fatal("want a first and a waiting twin")
+	}
+	leave()
+	next, wait := p.join(context.Background(), k)
+	if next == nil || wait != nil {
+		t.Fatalf("after the first's client left: first=%v wait=%v, want a new first that does not wait", next, wait)
+	}
+	select {
+	case <-twinWait:
+	default:
+		t.Error("the twin still waits on a first whose client left")
+	}
+	first.resolve() // the old first's handler unwinds late
+	if _, w := p.join(context.Background(), k); w == nil {
+		t.Error("the old first's resolve removed its successor")
+	}
+	next.resolve()
+	if p.len() != 0 || p.bytes != 0 {
+		t.Errorf("%d entries, %d bytes left", p.len(), p.bytes)
 	}
 }
 
