@@ -139,6 +139,7 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // also when the proxy panics out of the stream (http.ErrAbortHandler).
 // first, when not nil, is the version this watch asks about for its twins.
 func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d ratelimit.Decision, start time.Time, first *pendingVersion, next http.Handler) {
+	st, r := stateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ws := &watchState{
@@ -154,7 +155,8 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	activeWatches.Inc()
 	defer activeWatches.Dec()
 	upstreamWatchOpens.Inc()
-	next.ServeHTTP(w, r.WithContext(withAdmittedWatch(ctx, ws)))
+	st.watch = ws
+	next.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are

@@ -84,7 +84,9 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 		case err != nil && policy == FailOpen:
 			log.Info("Cannot review token; forwarding as unreviewed (fail open)", "err", err.Error())
 			reviewFailOpen.WithLabelValues("token").Inc()
-			next.ServeHTTP(w, r.WithContext(withCaller(r.Context(), unreviewedCaller)))
+			st, r := stateOf(r)
+			st.caller = unreviewedCaller
+			next.ServeHTTP(w, r)
 			return
 		case err != nil:
 			log.Info("Cannot review token", "err", err.Error())
@@ -94,7 +96,9 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(withCaller(r.Context(), resp.User)))
+		st, r := stateOf(r)
+		st.caller = resp.User
+		next.ServeHTTP(w, r)
 	})
 }
 

@@ -187,6 +187,8 @@ func withClassification(f *request.RequestInfoFactory, logs *sampledLogger, next
 			writeStatus(w, r, apierrors.NewBadRequest("malformed request path"))
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(withClassificationValue(r.Context(), c)))
+		st, r := stateOf(r)
+		st.classification = c
+		next.ServeHTTP(w, r)
 	})
 }

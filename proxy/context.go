@@ -2,64 +2,85 @@ package proxy
 
 import (
 	"context"
+	"net/http"
 
 	"k8s.io/apiserver/pkg/authentication/user"
 )
 
-// Each filter leaves what it learned in the request's context for the next.
-type contextKey int
+// requestState is what the filters learn about a request, each filling in
+// its own field for the filters after it: who the token belongs to, whose
+// budget the request spends, its classification, and, for an admitted
+// watch, its watchState. It rides in the request's context once, put there
+// by the first filter that learns something: a context value and a copy of
+// the request per filter would cost every request (and every open watch,
+// which keeps them) a few hundred bytes more.
+//
+// Only the request's own goroutine touches it (the filters, and the
+// reverse proxy's ModifyResponse and ErrorHandler, run there).
+type requestState struct {
+	caller         user.Info // who the token belongs to; nil before authentication
+	identity       user.Info // whose budget the request spends, when impersonating; nil: the caller
+	classification *classification
+	watch          *watchState // an admitted watch; nil for every other request
+}
 
-const (
-	callerKey         contextKey = iota // user.Info: who the token belongs to
-	identityKey                         // user.Info: whose budget the request spends
-	classificationKey                   // *classification
-	admittedWatchKey                    // *watchState of an admitted watch
-)
+type requestStateKey struct{}
 
+func requestStateFrom(ctx context.Context) *requestState {
+	s, _ := ctx.Value(requestStateKey{}).(*requestState)
+	return s
+}
+
+// stateOf returns r's requestState and r, or a new state and a copy of r
+// that carries it when r has none.
+func stateOf(r *http.Request) (*requestState, *http.Request) {
+	if s := requestStateFrom(r.Context()); s != nil {
+		return s, r
+	}
+	s := &requestState{}
+	return s, r.WithContext(context.WithValue(r.Context(), requestStateKey{}, s))
+}
+
+// withCaller returns a context whose request state names u as the caller;
+// a new state, so that a context never shares one with another request.
 func withCaller(ctx context.Context, u user.Info) context.Context {
-	return context.WithValue(ctx, callerKey, u)
+	return context.WithValue(ctx, requestStateKey{}, &requestState{caller: u})
 }
 
 func callerFrom(ctx context.Context) (user.Info, bool) {
-	u, ok := ctx.Value(callerKey).(user.Info)
-	return u, ok
-}
-
-func withIdentity(ctx context.Context, u user.Info) context.Context {
-	return context.WithValue(ctx, identityKey, u)
+	if s := requestStateFrom(ctx); s != nil && s.caller != nil {
+		return s.caller, true
+	}
+	return nil, false
 }
 
 // impersonatedFrom reports whether the budget identity is an impersonated
 // one (withBudgetIdentity honoured the headers).
 func impersonatedFrom(ctx context.Context) bool {
-	_, ok := ctx.Value(identityKey).(user.Info)
-	return ok
+	s := requestStateFrom(ctx)
+	return s != nil && s.identity != nil
 }
 
 // identityFrom returns the budget identity, falling back to the caller.
 func identityFrom(ctx context.Context) (user.Info, bool) {
-	if u, ok := ctx.Value(identityKey).(user.Info); ok {
-		return u, true
+	if s := requestStateFrom(ctx); s != nil && s.identity != nil {
+		return s.identity, true
 	}
 	return callerFrom(ctx)
 }
 
-func withClassificationValue(ctx context.Context, c *classification) context.Context {
-	return context.WithValue(ctx, classificationKey, c)
-}
-
 func classificationFrom(ctx context.Context) (*classification, bool) {
-	c, ok := ctx.Value(classificationKey).(*classification)
-	return c, ok
-}
-
-func withAdmittedWatch(ctx context.Context, w *watchState) context.Context {
-	return context.WithValue(ctx, admittedWatchKey, w)
+	if s := requestStateFrom(ctx); s != nil && s.classification != nil {
+		return s.classification, true
+	}
+	return nil, false
 }
 
 // admittedWatchFrom returns the state of the admitted watch the request
 // is, nil for every other request.
 func admittedWatchFrom(ctx context.Context) *watchState {
-	w, _ := ctx.Value(admittedWatchKey).(*watchState)
-	return w
+	if s := requestStateFrom(ctx); s != nil {
+		return s.watch
+	}
+	return nil
 }

@@ -80,7 +80,9 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 				return
 			}
 		}
-		next.ServeHTTP(w, r.WithContext(withIdentity(r.Context(), target)))
+		st, r := stateOf(r)
+		st.identity = target
+		next.ServeHTTP(w, r)
 	})
 }
 

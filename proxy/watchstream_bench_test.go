@@ -174,8 +174,9 @@ func upstreamConfig(host string) *rest.Config { return &rest.Config{Host: host} 
 
 // BenchmarkIdleWatchMemory opens 200 idle watches (the upstream holds them
 // open and sends nothing) through a bare httputil.ReverseProxy and through
-// watchgate's chain, in process over HTTP/1.1, and reports goroutines and
-// heap bytes in use per open watch (client, proxy and upstream together).
+// watchgate's chain, in process over HTTP/1.1, and reports goroutines,
+// heap and stack bytes in use per open watch (client, proxy and upstream
+// together).
 //
 //	go test -run '^$' -bench BenchmarkIdleWatchMemory -benchtime 1x -count 3 ./proxy/
 func BenchmarkIdleWatchMemory(b *testing.B) {
@@ -224,6 +225,7 @@ func BenchmarkIdleWatchMemory(b *testing.B) {
 				runtime.ReadMemStats(&after)
 				b.ReportMetric(float64(runtime.NumGoroutine()-g0)/watches, "goroutines/watch")
 				b.ReportMetric(float64(int64(after.HeapInuse)-int64(before.HeapInuse))/watches, "heap-B/watch")
+				b.ReportMetric(float64(int64(after.StackInuse)-int64(before.StackInuse))/watches, "stack-B/watch")
 				for _, c := range bodies {
 					_ = c.Close()
 				}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	_ "net/http/pprof" // the harness profiles the floor too (--pprof)
 	"net/url"
 	"os"
 	"os/signal"
@@ -36,6 +37,7 @@ func runBareProxy(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:0", "address to serve on")
 	upstream := fs.String("upstream", "", "the API server's URL")
 	caFile := fs.String("ca-file", "", "the API server's CA (PEM)")
+	pprofAddr := fs.String("pprof", "", "address to serve Go's /debug/pprof/ on (plain HTTP, for the harness's profiles); empty: none")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -79,6 +81,12 @@ func runBareProxy(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *pprofAddr != "" {
+		// http.DefaultServeMux holds net/http/pprof's handlers.
+		ps := &http.Server{Addr: *pprofAddr, Handler: http.DefaultServeMux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = ps.ListenAndServe() }()
+		defer ps.Close()
+	}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), time.Second)

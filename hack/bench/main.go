@@ -42,6 +42,10 @@ type config struct {
 	// rounds.
 	cpuProfile string
 	profileFor time.Duration
+	// memProfiles, when set, is a folder that receives each proxy's heap
+	// profile (and its MemStats, as text) before and with the idle
+	// watches open.
+	memProfiles string
 }
 
 func main() {
@@ -65,6 +69,7 @@ func main() {
 	flag.IntVar(&c.idle, "idle-watches", 2000, "idle watches held open per proxy for the memory figure (1-10000)")
 	flag.DurationVar(&c.timeout, "timeout", 12*time.Minute, "the whole run gives up after this (1m-1h)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of watchgate over the rounds to this file (go tool pprof bin/watchgate FILE); profiling costs watchgate CPU, so pair it with -write=false")
+	flag.StringVar(&c.memProfiles, "memprofiles", "", "write each proxy's heap profile before and with the idle watches open into this folder ({bare-proxy,watchgate}-{before,idle}.pb.gz, and .txt with MemStats)")
 	flag.DurationVar(&c.profileFor, "profile-for", 30*time.Second, "how long -cpuprofile profiles, from the first round (1s-10m)")
 	flag.Parse()
 	if c.rounds < 1 || c.rounds > 100 || c.gets < 1 || c.gets > 10000 || c.opens < 1 || c.opens > 10000 ||

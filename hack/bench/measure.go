@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -25,9 +28,14 @@ type stats struct {
 	// rates are events/s, one per replay, by encoding.
 	rates map[string][]float64
 	// work counts requests (get, open) or events (json, protobuf) whose
-	// proxy CPU is in cpu.
-	work map[string]int
-	cpu  map[string]time.Duration
+	// proxy CPU is in cpu; perUnit is each block's CPU per unit (one
+	// block a round), whose median the report shows.
+	work    map[string]int
+	cpu     map[string]time.Duration
+	perUnit map[string][]float64
+	// atRest is the proxy's CPU per second of wall time while nothing
+	// is asked of it (its own background work); 0 if not measured.
+	atRest float64
 	// rssPerWatch is the RSS growth per idle watch in bytes; 0 if not
 	// measured.
 	rssPerWatch float64
@@ -40,7 +48,7 @@ type results map[string]*stats
 func newResults(ts []*target) results {
 	r := results{}
 	for _, t := range ts {
-		r[t.name] = &stats{latencies: map[string][]time.Duration{}, rates: map[string][]float64{}, work: map[string]int{}, cpu: map[string]time.Duration{}}
+		r[t.name] = &stats{latencies: map[string][]time.Duration{}, rates: map[string][]float64{}, work: map[string]int{}, cpu: map[string]time.Duration{}, perUnit: map[string][]float64{}}
 	}
 	return r
 }
@@ -69,6 +77,34 @@ func block(t *target, s *stats, kind string, f func() (int, error)) error {
 	}
 	s.cpu[kind] += after - before
 	s.work[kind] += n
+	if t.proc != nil && n > 0 {
+		s.perUnit[kind] = append(s.perUnit[kind], float64(after-before)/float64(n))
+	}
+	return nil
+}
+
+// measureAtRest records each proxy's CPU over d while nothing is asked of
+// it, concurrently.
+func measureAtRest(ts []*target, res results, d time.Duration) error {
+	before := make([]time.Duration, len(ts))
+	for i, t := range ts {
+		c, err := cpuOf(t)
+		if err != nil {
+			return err
+		}
+		before[i] = c
+	}
+	start := time.Now()
+	time.Sleep(d)
+	wall := time.Since(start)
+	for i, t := range ts {
+		c, err := cpuOf(t)
+		if err != nil {
+			return err
+		}
+		res[t.name].atRest = float64(c-before[i]) / float64(wall)
+		fmt.Printf("    %s: %.2f ms of CPU per second at rest\n", t.name, 1000*res[t.name].atRest)
+	}
 	return nil
 }
 
@@ -122,11 +158,15 @@ func oneRound(ctx context.Context, t *target, res results, c config, rvGet strin
 }
 
 // measureIdle opens n idle watches through t's proxy on a transport of
-// their own and records the proxy's settled RSS growth per watch.
-func measureIdle(ctx context.Context, t *target, res results, ns, rv string, n int) error {
+// their own and records the proxy's settled RSS growth per watch; with
+// profiles set, it saves heap profiles before and with the watches open.
+func measureIdle(ctx context.Context, t *target, res results, ns, rv string, n int, profiles string) error {
 	s := res[t.name]
 	before, err := settledRSS(t.proc.pid(), settleLimit)
 	if err != nil {
+		return err
+	}
+	if err := heapProfiles(ctx, t, profiles, "before"); err != nil {
 		return err
 	}
 	rt := newTransport(tokenOf(t), nil)
@@ -136,6 +176,9 @@ func measureIdle(ctx context.Context, t *target, res results, ns, rv string, n i
 	}
 	time.Sleep(settleWaitFor)
 	after, err := settledRSS(t.proc.pid(), settleLimit)
+	if err == nil {
+		err = heapProfiles(ctx, t, profiles, "idle")
+	}
 	iw.close()
 	if err != nil {
 		return err
@@ -147,6 +190,22 @@ func measureIdle(ctx context.Context, t *target, res results, ns, rv string, n i
 	// Let the API server and the proxy drop the closed watches.
 	time.Sleep(settleWaitFor)
 	return nil
+}
+
+// heapProfiles saves t's heap profile, after a GC, and its MemStats
+// into dir as <name>-<when>.pb.gz and .txt; nothing when dir is empty.
+func heapProfiles(ctx context.Context, t *target, dir, when string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(dir, strings.ReplaceAll(t.name, " ", "-")+"-"+when)
+	if err := fetchProfile(ctx, "http://"+t.pprof+"/debug/pprof/heap?gc=1", base+".pb.gz"); err != nil {
+		return err
+	}
+	return fetchProfile(ctx, "http://"+t.pprof+"/debug/pprof/heap?debug=1", base+".txt")
 }
 
 func tokenOf(t *target) string {

@@ -25,7 +25,8 @@ type report struct {
 }
 
 // row is one figure: its values by path, how to print them, and a target
-// on watchgate ÷ bare (atMost, or atLeast when lower is worse).
+// on watchgate ÷ bare (atMost, or atLeast when lower is worse; 0: none,
+// the figure is for reading only).
 type row struct {
 	name    string
 	unit    string
@@ -51,12 +52,13 @@ func (r report) rows() []row {
 	}
 	cpu := func(kind string) (v [3]float64) {
 		for i, n := range paths[1:] {
-			s := get(n)
-			if s.work[kind] > 0 {
-				v[i+1] = float64(s.cpu[kind]) / float64(time.Microsecond) / float64(s.work[kind])
-			}
+			v[i+1] = median(get(n).perUnit[kind]) / float64(time.Microsecond)
 		}
 		return v
+	}
+	var rest [3]float64
+	for i, n := range paths[1:] {
+		rest[i+1] = 1000 * get(n).atRest
 	}
 	var mem [3]float64
 	for i, n := range paths[1:] {
@@ -74,6 +76,7 @@ func (r report) rows() []row {
 		{name: "proxy CPU per JSON event", unit: "µs", values: cpu(kindJSON), target: 1.15},
 		{name: "proxy CPU per protobuf event", unit: "µs", values: cpu(kindProtobuf), target: 1.15},
 		{name: fmt.Sprintf("proxy RSS per idle watch (%d open)", r.config.idle), unit: "KiB", values: mem, target: 1.25},
+		{name: fmt.Sprintf("proxy CPU at rest (%s, nothing asked)", restFor), unit: "ms/s", values: rest},
 	}
 }
 
@@ -104,29 +107,35 @@ func commas(n int64) string {
 func (r report) markdown() string {
 	var b strings.Builder
 	c := r.config
-	fmt.Fprintf(&b, "Command: `%s` (hack/bench: %d rounds, paths interleaved; per path per round %d GETs, %d watch opens, %d JSON and %d protobuf replays; %d idle watches per proxy).\n",
+	fmt.Fprintf(&b, "Command: `%s` (hack/bench: %d rounds, paths interleaved; per path per round %d GETs, %d watch opens, %d JSON and %d protobuf replays; %d idle watches per proxy). Latencies are percentiles over all rounds, events/s the median replay, proxy CPU (the scheduler's ns of all its threads) the median of the rounds' per-unit figures.\n",
 		r.command, c.rounds, c.gets, c.opens, c.replays, c.replays, c.idle)
 	fmt.Fprintf(&b, "Measured %s (%s) on commit %s; machine: %s.\n\n",
 		r.started.Format("2006-01-02 15:04 UTC"), time.Since(r.started).Round(time.Second), r.commit, r.machine)
 	b.WriteString("| figure | unit | direct | bare proxy | watchgate | watchgate ÷ bare | target | met |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.rows() {
-		ratio, met := "—", "—"
+		ratio, met, target := "—", "—", "—"
+		op := "≤"
+		if row.atLeast {
+			op = "≥"
+		}
+		if row.target > 0 {
+			target = fmt.Sprintf("%s %.2f×", op, row.target)
+		}
 		if row.values[1] > 0 && row.values[2] > 0 {
 			q := row.values[2] / row.values[1]
 			ratio = fmt.Sprintf("%.2f", q)
+		}
+		if row.values[1] > 0 && row.values[2] > 0 && row.target > 0 {
+			q := row.values[2] / row.values[1]
 			ok := q <= row.target
 			if row.atLeast {
 				ok = q >= row.target
 			}
 			met = map[bool]string{true: "yes", false: "**no**"}[ok]
 		}
-		op := "≤"
-		if row.atLeast {
-			op = "≥"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s %.2f× | %s |\n",
-			row.name, row.unit, format(row.values[0]), format(row.values[1]), format(row.values[2]), ratio, op, row.target, met)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			row.name, row.unit, format(row.values[0]), format(row.values[1]), format(row.values[2]), ratio, target, met)
 	}
 	return b.String()
 }

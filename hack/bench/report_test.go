@@ -82,6 +82,15 @@ func TestOwnProcessCPUAndRSSAreRead(t *testing.T) {
 	if after <= before {
 		t.Errorf("CPU did not advance while spinning: %s → %s", before, after)
 	}
+	// The two sources agree within the ticks' resolution.
+	sched, err1 := schedCPU(pid)
+	stat, err2 := statCPU(pid)
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if d := sched - stat; d < -50*time.Millisecond || d > 50*time.Millisecond {
+		t.Errorf("schedstat says %s, stat %s", sched, stat)
+	}
 	rss, err := processRSS(pid)
 	if err != nil {
 		t.Fatal(err)

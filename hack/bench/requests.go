@@ -23,6 +23,8 @@ type target struct {
 	rt   http.RoundTripper // carries the bench client's bearer token
 	// proc is the proxy's process; nil for direct.
 	proc *process
+	// pprof is the address of the proxy's /debug/pprof/ server.
+	pprof string
 	// decisionHeader, when set, must be in an allow decision on every
 	// watch answer (watchgate names its decision and budget), proving the
 	// budget decided it.

@@ -111,9 +111,13 @@ func run(ctx context.Context, c config) error {
 	res := newResults(targets)
 	step("Memory: %d idle watches through each proxy, RSS before and after (settled)", c.idle)
 	for _, t := range []*target{bare, wg} {
-		if err := measureIdle(ctx, t, res, nsIdle, rvIdle, c.idle); err != nil {
+		if err := measureIdle(ctx, t, res, nsIdle, rvIdle, c.idle, c.memProfiles); err != nil {
 			return err
 		}
+	}
+	step("CPU at rest: each proxy's own background work over %s, nothing asked of it", restFor)
+	if err := measureAtRest([]*target{bare, wg}, res, restFor); err != nil {
+		return err
 	}
 
 	step("%d rounds; each path per round: %d GETs, %d watch opens, %d JSON and %d protobuf replays of %d objects",
@@ -162,6 +166,10 @@ func run(ctx context.Context, c config) error {
 	}
 	return nil
 }
+
+// restFor is how long measureAtRest watches the idle proxies: several of
+// watchgate's periodic tasks (readiness probe, sweeps, status entries).
+const restFor = 20 * time.Second
 
 // seed creates the namespaces and objects and returns valid, explicit
 // resourceVersions to watch the idle and the GET namespace from. They are
@@ -231,7 +239,7 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	if err := os.WriteFile(caFile, env.Config.CAData, 0o600); err != nil {
 		return nil, "", stop, err
 	}
-	addrs := make([]string, 5)
+	addrs := make([]string, 6)
 	for i := range addrs {
 		a, err := apiserver.FreeAddr()
 		if err != nil {
@@ -245,7 +253,7 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	}
 	step("Starting the bare proxy (httputil.ReverseProxy) and watchgate, each in its own process")
 	bp, err := startProcess("bare proxy", self, filepath.Join(tmp, "bare-proxy.log"),
-		bareProxyCommand, "--listen", addrs[0], "--upstream", strings.TrimRight(env.Config.Host, "/"), "--ca-file", caFile)
+		bareProxyCommand, "--listen", addrs[0], "--upstream", strings.TrimRight(env.Config.Host, "/"), "--ca-file", caFile, "--pprof", addrs[5])
 	if err != nil {
 		return nil, "", stop, err
 	}
@@ -277,8 +285,8 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	}
 	targets := []*target{
 		{name: "direct", host: strings.TrimRight(env.Config.Host, "/"), rt: newTransport(token, pool)},
-		{name: "bare proxy", host: "https://" + addrs[0], rt: newTransport(token, nil), proc: bp},
-		{name: "watchgate", host: "https://" + addrs[1], rt: newTransport(token, nil), proc: wp, decisionHeader: "budget=bench"},
+		{name: "bare proxy", host: "https://" + addrs[0], rt: newTransport(token, nil), proc: bp, pprof: addrs[5]},
+		{name: "watchgate", host: "https://" + addrs[1], rt: newTransport(token, nil), proc: wp, pprof: addrs[4], decisionHeader: "budget=bench"},
 	}
 	return targets, addrs[4], stop, nil
 }
@@ -288,18 +296,22 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 func profile(ctx context.Context, addr string, d time.Duration, file string) error {
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
-	u := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))
+	return fetchProfile(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), file)
+}
+
+// fetchProfile saves what the pprof URL u answers into file.
+func fetchProfile(ctx context.Context, u, file string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("watchgate's CPU profile: %w", err)
+		return fmt.Errorf("profile %s: %w", u, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("watchgate's CPU profile: %s", resp.Status)
+		return fmt.Errorf("profile %s: %s", u, resp.Status)
 	}
 	f, err := os.Create(file)
 	if err != nil {
@@ -307,7 +319,7 @@ func profile(ctx context.Context, addr string, d time.Duration, file string) err
 	}
 	if _, err := io.Copy(f, resp.Body); err != nil {
 		f.Close()
-		return fmt.Errorf("watchgate's CPU profile: %w", err)
+		return fmt.Errorf("profile %s: %w", u, err)
 	}
 	return f.Close()
 }
