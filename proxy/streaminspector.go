@@ -156,6 +156,14 @@ var errorText = []byte(string(watch.Error))
 
 // event decodes frame only when it can be an ERROR event.
 func (s *streamInspector) event(frame []byte) {
+	if s.framing == lengthPrefixedFraming {
+		// The type is the frame's first field: no need to look further
+		// (an object whose data holds the text ERROR is not decoded).
+		if typ, ok := protobufEventType(frame); ok && !bytes.Equal(typ, errorText) {
+			s.sink.sawEvent()
+			return
+		}
+	}
 	if !bytes.Contains(frame, errorText) && !(s.framing == jsonFraming && escapesErrorLetter(frame)) {
 		s.sink.sawEvent()
 		return
@@ -174,6 +182,56 @@ func (s *streamInspector) event(frame []byte) {
 		obj = nil
 	}
 	s.sink.sawError(obj)
+}
+
+// protobufEventType walks the top level of a raw protobuf WatchEvent
+// (metav1.WatchEvent: field 1 the type, a string; field 2 the object) and
+// returns the type as the generated Unmarshal would set it (the last field
+// 1 wins; nil when there is none), or false where that Unmarshal fails on
+// the top level: a malformed key or length, field number 0, field 1 or 2
+// not length-delimited, or a group (left to the full decode). Fields are
+// skipped by their length, so the cost does not grow with the object.
+func protobufEventType(frame []byte) (typ []byte, ok bool) {
+	for len(frame) > 0 {
+		key, n := binary.Uvarint(frame)
+		// The field number as the generated code reads it: an int32.
+		field, wire := int32(key>>3), key&7 //nolint:gosec // truncated as Unmarshal truncates it
+		if n <= 0 || field <= 0 {
+			return nil, false
+		}
+		frame = frame[n:]
+		if (field == 1 || field == 2) && wire != 2 {
+			return nil, false
+		}
+		switch wire {
+		case 0:
+			if _, n = binary.Uvarint(frame); n <= 0 {
+				return nil, false
+			}
+			frame = frame[n:]
+		case 1, 5:
+			size := 8
+			if wire == 5 {
+				size = 4
+			}
+			if len(frame) < size {
+				return nil, false
+			}
+			frame = frame[size:]
+		case 2:
+			l, n := binary.Uvarint(frame)
+			if n <= 0 || l > uint64(len(frame)-n) {
+				return nil, false
+			}
+			if field == 1 {
+				typ = frame[n : n+int(l)]
+			}
+			frame = frame[n+int(l):]
+		default:
+			return nil, false
+		}
+	}
+	return typ, true
 }
 
 // escapesErrorLetter reports whether frame holds a JSON \u escape of E, R

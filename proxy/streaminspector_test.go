@@ -11,11 +11,13 @@ import (
 	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/apiserver/pkg/endpoints/request"
+	restclientwatch "k8s.io/client-go/rest/watch"
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/ratelimit"
@@ -197,7 +199,7 @@ func (z zeroes) Read(p []byte) (int, error) {
 // an upper bound of the heap the copy needed) and the bytes copied.
 func peakHeapWhileCopying(t *testing.T, contentType string, src io.Reader) (uint64, int64) {
 	engine := &fakeEngine{}
-	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &classification{Info: &request.RequestInfo{}}, log: discardLogs()}
+	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &classification{}, log: discardLogs()}
 	b := newWatchBody(ws, io.NopCloser(src), contentType, "")
 	buf := make([]byte, 32<<10)
 	var before, after runtime.MemStats
@@ -249,7 +251,7 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 
 	// Through a watchBody: bytes unchanged, one end.
 	engine := &fakeEngine{}
-	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &classification{Info: &request.RequestInfo{}, ResourceVersion: "7"}, log: discardLogs(),
+	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &classification{ResourceVersion: "7"}, log: discardLogs(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(bytes.NewReader(data)), contentType, "")
 	ws.body = b
@@ -273,5 +275,65 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 		if _, ended, _ := engine.snapshot(); ended[0] != wantOutcome {
 			t.Fatalf("outcome %v after ERROR events, want %v", ended[0], wantOutcome)
 		}
+	}
+}
+
+// countingSerializer counts the frames the inspector decodes.
+type countingSerializer struct {
+	k8sruntime.Serializer
+	decodes int
+}
+
+func (c *countingSerializer) Decode(data []byte, gvk *schema.GroupVersionKind, into k8sruntime.Object) (k8sruntime.Object, *schema.GroupVersionKind, error) {
+	c.decodes++
+	return c.Serializer.Decode(data, gvk, into)
+}
+
+// A protobuf event's type is its first field: a frame whose object holds
+// the text ERROR is not decoded unless its type is ERROR, and the type is
+// read as the generated Unmarshal reads it (the last field 1 wins; a field
+// number is an int32).
+func TestProtobufEventTypeIsReadWithoutDecoding(t *testing.T) {
+	frames := protobufFrames(t) // ADDED, MODIFIED, ERROR
+	payload := func(fr []byte) []byte { return fr[4:] }
+	field := func(num uint64, value string) []byte {
+		b := binary.AppendUvarint(nil, num<<3|2)
+		b = binary.AppendUvarint(b, uint64(len(value)))
+		return append(b, value...)
+	}
+	errorInData := apierrors.NewBadRequest("ERROR ERROR ERROR").Status()
+	var withErrorText bytes.Buffer
+	info, _ := k8sruntime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), k8sruntime.ContentTypeProtobuf)
+	enc := restclientwatch.NewEncoder(streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&withErrorText), info.StreamSerializer.Serializer),
+		metaCodecs.EncoderForVersion(info.Serializer, statusVersion))
+	if err := enc.Encode(&watch.Event{Type: watch.Added, Object: &errorInData}); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		frame       []byte
+		wantDecodes int
+	}{
+		"an ADDED event":                         {frames[0], 0},
+		"an ADDED event whose object says ERROR": {withErrorText.Bytes(), 0},
+		"an ERROR event":                         {frames[2], 1},
+		"type ADDED, then ERROR: the last wins":  {lengthPrefixed(append(field(1, "ADDED"), payload(frames[2])...)), 1},
+		"type ERROR, then ADDED: the last wins":  {lengthPrefixed(append(payload(frames[2]), field(1, "ADDED")...)), 0},
+		"field 2^32+1 is field 1 to Unmarshal":   {lengthPrefixed(append(payload(frames[0]), field(1<<32+1, "ERROR")...)), 1},
+		"a length past the frame: the old check": {lengthPrefixed([]byte{0x0a, 0x7f, 'E', 'R', 'R', 'O', 'R'}), 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			want, _ := referenceErrors(t, protobufWatchType, tc.frame)
+			_, s, _ := streamFramingFor(protobufWatchType, "")
+			counting := &countingSerializer{Serializer: s}
+			sink := &recordingSink{}
+			in := newStreamInspector(lengthPrefixedFraming, counting, sink)
+			in.write(tc.frame)
+			if !slices.Equal(sink.errors, want) {
+				t.Errorf("errors %v, the full decode %v", sink.errors, want)
+			}
+			if counting.decodes != tc.wantDecodes {
+				t.Errorf("%d frames decoded, want %d", counting.decodes, tc.wantDecodes)
+			}
+		})
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	restclientwatch "k8s.io/client-go/rest/watch"
@@ -74,7 +73,7 @@ func benchProtobufEvents(tb testing.TB, n int) []byte {
 func BenchmarkWatchBodyRead(b *testing.B) {
 	streams := map[string][]byte{jsonWatchType: benchEvents(3000), protobufWatchType: benchProtobufEvents(b, 3000)}
 	buf := make([]byte, 32<<10)
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{Info: &request.RequestInfo{}}, log: discardLogs()}
+	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs()}
 	for _, mode := range []string{"plain", "inspected", "fullDecode", "protobuf/plain", "protobuf/inspected"} {
 		b.Run(mode, func(b *testing.B) {
 			contentType := jsonWatchType
