@@ -75,9 +75,9 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			User:              id.GetName(),
 			Groups:            id.GetGroups(),
 			Verb:              c.Verb,
-			Group:             c.Info.APIGroup,
-			Resource:          c.Info.Resource,
-			Namespace:         c.Info.Namespace,
+			Group:             c.APIGroup,
+			Resource:          c.Resource,
+			Namespace:         c.Namespace,
 			LabelSelector:     c.LabelSelector,
 			FieldSelector:     c.FieldSelector,
 			ResourceVersion:   c.ResourceVersion,
@@ -93,7 +93,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 		}
 		if d.Reason != ratelimit.ReasonNone {
 			a.log.Info("Decision", "decision", decision, "reason", d.Reason, "budget", d.Budget, "user", id.GetName(),
-				"verb", verb, "group", c.Info.APIGroup, "resource", c.Info.Resource, "namespace", c.Info.Namespace,
+				"verb", verb, "group", c.APIGroup, "resource", c.Resource, "namespace", c.Namespace,
 				"resourceVersion", c.ResourceVersion, "retryAfter", d.RetryAfter)
 		}
 		switch {

@@ -16,9 +16,13 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// classification is what the proxy knows about a request's target.
+// classification is what the proxy knows about a request's target. It
+// keeps the three names of the RequestInfo it was made from that budgets
+// and stale versions are about, not the RequestInfo itself: an open watch
+// keeps its classification, and the rest (the path split into parts, the
+// selectors again) would stay with it for nothing.
 type classification struct {
-	Info *request.RequestInfo
+	APIGroup, Resource, Namespace string
 	// Verb is the budgeted verb: ratelimit.VerbWatch or VerbList; 0 for
 	// everything else (which passes untouched).
 	Verb ratelimit.Verb
@@ -41,18 +45,21 @@ func newRequestInfoFactory() *request.RequestInfoFactory {
 	}
 }
 
-// classify parses r. Only collection-level watches and lists of a
+// classify parses r and returns its classification and the RequestInfo
+// it was made from. Only collection-level watches and lists of a
 // resource (not of a subresource) are budgeted; a watch of one object by
 // name is budgeted like a watch with fieldSelector metadata.name=<name>,
 // which is what it is.
-func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogger) (*classification, error) {
+func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogger) (*classification, *request.RequestInfo, error) {
 	q := r.URL.Query()
 	info, err := requestInfo(f, r, q, logs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c := &classification{
-		Info:                 info,
+		APIGroup:             info.APIGroup,
+		Resource:             info.Resource,
+		Namespace:            info.Namespace,
 		LabelSelector:        q.Get("labelSelector"),
 		FieldSelector:        q.Get("fieldSelector"),
 		ResourceVersion:      q.Get("resourceVersion"),
@@ -73,7 +80,7 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogge
 	if c.Verb != 0 && info.Name != "" && c.FieldSelector == "" {
 		c.FieldSelector = "metadata.name=" + info.Name
 	}
-	return c, nil
+	return c, info, nil
 }
 
 // requestInfo is f.NewRequestInfo(r), computed with one parse of the
@@ -182,7 +189,7 @@ func copySelectors(info *request.RequestInfo, q url.Values) {
 // a URL it cannot make sense of gets 400 without forwarding.
 func withClassification(f *request.RequestInfoFactory, logs *sampledLogger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := classify(f, r, logs)
+		c, _, err := classify(f, r, logs)
 		if err != nil {
 			writeStatus(w, r, apierrors.NewBadRequest("malformed request path"))
 			return

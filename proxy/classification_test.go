@@ -55,11 +55,11 @@ func TestClassify(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil), discardLogs())
+			c, _, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil), discardLogs())
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := want{c.Verb, c.Info.APIGroup, c.Info.Resource, c.Info.Namespace, c.LabelSelector, c.FieldSelector,
+			got := want{c.Verb, c.APIGroup, c.Resource, c.Namespace, c.LabelSelector, c.FieldSelector,
 				c.ResourceVersion, c.ResourceVersionMatch, c.SendInitialEvents, c.TimeoutSeconds}
 			if got != tc.want {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
@@ -92,18 +92,21 @@ func FuzzClassification(f *testing.F) {
 		}
 		r := &http.Request{Method: method, URL: &url.URL{Path: path, RawQuery: query}, Header: http.Header{}}
 		want, werr := factory.NewRequestInfo(r)
-		c, err := classify(factory, r, discardLogs())
+		c, info, err := classify(factory, r, discardLogs())
 		if (err != nil) != (werr != nil) {
 			t.Fatalf("classify error %v, factory error %v", err, werr)
 		}
 		if err != nil {
 			return
 		}
-		if !reflect.DeepEqual(c.Info, want) {
-			t.Fatalf("classified %#v, the factory says %#v", c.Info, want)
+		if !reflect.DeepEqual(info, want) {
+			t.Fatalf("classified %#v, the factory says %#v", info, want)
 		}
-		if c.Verb != 0 && (c.Info.Verb != "watch" && c.Info.Verb != "list" || !c.Info.IsResourceRequest || c.Info.Subresource != "") {
-			t.Fatalf("budgeted verb %v for %#v", c.Verb, c.Info)
+		if c.APIGroup != info.APIGroup || c.Resource != info.Resource || c.Namespace != info.Namespace {
+			t.Fatalf("classification %+v does not name the RequestInfo's target %#v", c, info)
+		}
+		if c.Verb != 0 && (info.Verb != "watch" && info.Verb != "list" || !info.IsResourceRequest || info.Subresource != "") {
+			t.Fatalf("budgeted verb %v for %#v", c.Verb, info)
 		}
 	})
 }
@@ -119,12 +122,12 @@ func TestUnparsableSelectorLogIsBounded(t *testing.T) {
 	t.Cleanup(func() { klog.LogToStderr(true) })
 	huge := strings.Repeat("!", 1<<20)
 	r := httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true&labelSelector="+url.QueryEscape(huge), nil)
-	c, err := classify(newRequestInfoFactory(), r, logs)
+	c, info, err := classify(newRequestInfoFactory(), r, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Info.Verb != "watch" || c.Info.LabelSelector != huge || c.LabelSelector != huge {
-		t.Errorf("verb %q, selector of %d bytes; want watch with the selector as sent", c.Info.Verb, len(c.Info.LabelSelector))
+	if info.Verb != "watch" || info.LabelSelector != huge || c.LabelSelector != huge {
+		t.Errorf("verb %q, selector of %d bytes; want watch with the selector as sent", info.Verb, len(info.LabelSelector))
 	}
 	klog.Flush()
 	if klogged.Len() != 0 {

@@ -54,7 +54,7 @@ func pendingVersionKey(c *classification) (versionKey, bool) {
 	if err != nil || v == 0 {
 		return versionKey{}, false
 	}
-	return versionKey{group: c.Info.APIGroup, resource: c.Info.Resource, version: v}, true
+	return versionKey{group: c.APIGroup, resource: c.Resource, version: v}, true
 }
 
 // pendingVersions makes concurrent watches from one resourceVersion ask

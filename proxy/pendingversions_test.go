@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apiserver/pkg/endpoints/request"
-
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -91,19 +89,17 @@ func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
 	}
 }
 
-var requestInfoPods = request.RequestInfo{IsResourceRequest: true, Verb: "watch", APIVersion: "v1", Resource: "pods"}
-
 // The table of pending versions is bounded in count and bytes, and keyed
 // by the parsed version: "007" and "7" are one version.
 func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 	p := newPendingVersions()
-	k1, ok1 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Info: &requestInfoPods})
-	k2, ok2 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Info: &requestInfoPods})
+	k1, ok1 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
+	k2, ok2 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
 	if !ok1 || !ok2 || k1 != k2 {
 		t.Fatalf("keys %v %v, want one key for 007 and 7", k1, k2)
 	}
 	for _, rv := range []string{"", "0", "x", "-1", "99999999999999999999999"} {
-		if _, ok := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Info: &requestInfoPods}); ok {
+		if _, ok := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
 			t.Errorf("version %q is held, want it passed", rv)
 		}
 	}

@@ -179,12 +179,12 @@ func (ws *watchState) sawError(obj runtime.Object) {
 		return // never too old; the 410 is about something else
 	}
 	now := ws.clock.Now()
-	ws.engine.StaleVersionSeen(now, ws.c.Info.APIGroup, ws.c.Info.Resource, rv)
+	ws.engine.StaleVersionSeen(now, ws.c.APIGroup, ws.c.Resource, rv)
 	staleVersionsLearned.Inc()
 	if ws.pending != nil && !ws.answeredAt.IsZero() {
 		ws.pending.observeStale(now.Sub(ws.answeredAt))
 	}
-	ws.log.Info("Learned stale resourceVersion", "group", ws.c.Info.APIGroup, "resource", ws.c.Info.Resource,
+	ws.log.Info("Learned stale resourceVersion", "group", ws.c.APIGroup, "resource", ws.c.Resource,
 		"resourceVersion", boundedForLog(rv), "message", boundedForLog(status.Message))
 }
 

@@ -25,6 +25,8 @@ type target struct {
 	proc *process
 	// pprof is the address of the proxy's /debug/pprof/ server.
 	pprof string
+	// metrics is the address of watchgate's /metrics; empty for the others.
+	metrics string
 	// decisionHeader, when set, must be in an allow decision on every
 	// watch answer (watchgate names its decision and budget), proving the
 	// budget decided it.

@@ -143,6 +143,13 @@ func run(ctx context.Context, c config) error {
 	if c.cpuProfile != "" {
 		fmt.Println("    watchgate's CPU profile:", c.cpuProfile)
 	}
+	if held, opens, err := heldWatches(ctx, wg.metrics); err != nil {
+		fmt.Println("    cannot read watchgate's metrics:", err)
+	} else {
+		// A watch waits while another from the same version asks the API
+		// server (pendingVersions); sequential opens should not.
+		fmt.Printf("    watchgate held %.0f of %.0f watch opens for another watch's verdict\n", held, opens)
+	}
 
 	rep := report{
 		command:   "make bench",
@@ -286,7 +293,7 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	targets := []*target{
 		{name: "direct", host: strings.TrimRight(env.Config.Host, "/"), rt: newTransport(token, pool)},
 		{name: "bare proxy", host: "https://" + addrs[0], rt: newTransport(token, nil), proc: bp, pprof: addrs[5]},
-		{name: "watchgate", host: "https://" + addrs[1], rt: newTransport(token, nil), proc: wp, pprof: addrs[4], decisionHeader: "budget=bench"},
+		{name: "watchgate", host: "https://" + addrs[1], rt: newTransport(token, nil), proc: wp, pprof: addrs[4], metrics: addrs[2], decisionHeader: "budget=bench"},
 	}
 	return targets, addrs[4], stop, nil
 }
@@ -297,6 +304,39 @@ func profile(ctx context.Context, addr string, d time.Duration, file string) err
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	return fetchProfile(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), file)
+}
+
+// heldWatches reads, from watchgate's /metrics at addr, how many watches
+// waited for another watch's verdict and how many went upstream.
+func heldWatches(ctx context.Context, addr string) (held, opens float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		v, perr := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		switch {
+		case perr != nil:
+		case name == "watchgate_proxy_watches_held_total":
+			held = v
+		case name == "watchgate_proxy_upstream_watch_opens_total":
+			opens = v
+		}
+	}
+	return held, opens, nil
 }
 
 // fetchProfile saves what the pprof URL u answers into file.
