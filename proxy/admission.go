@@ -59,7 +59,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 		}
 		var first *pendingVersion
 		if k, ok := pendingVersionKey(c); ok && a.pending != nil {
-			var wait <-chan struct{}
+			var wait *pendingVersion
 			first, wait = a.pending.join(r.Context(), k)
 			if first != nil {
 				defer first.resolve()

@@ -125,14 +125,15 @@ func versionKeyBytes(k versionKey) int {
 }
 
 // join returns the pendingVersion to carry when this watch (whose request
-// context is ctx) is the first from key, or the channel to wait on when
-// another watch is asking; both nil when the table is full.
-func (p *pendingVersions) join(ctx context.Context, k versionKey) (first *pendingVersion, wait <-chan struct{}) {
+// context is ctx) is the first from key, or the one to wait for
+// (waitVerdict) when another watch is asking; both nil when the table is
+// full.
+func (p *pendingVersions) join(ctx context.Context, k versionKey) (first, wait *pendingVersion) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pv, ok := p.m[k]; ok {
 		if pv.asker.Err() == nil {
-			return nil, pv.done
+			return nil, pv
 		}
 		// Its client left: release its twins now and take its place.
 		p.forgetLocked(pv)
@@ -178,13 +179,19 @@ func (p *pendingVersions) len() int {
 	return len(p.m)
 }
 
-// waitVerdict waits until wait is closed or maxWait passed; it returns
-// false when the client left meanwhile.
-func waitVerdict(ctx context.Context, wait <-chan struct{}, maxWait time.Duration) bool {
+// waitVerdict waits until first is resolved, its client leaves (it will
+// learn nothing more: the HTTP/2 client that closes a watch and opens the
+// next from the same version sends the next request before the reset of
+// the previous one, so the previous one is often still open when the next
+// joins), or maxWait passed; it returns false when this watch's own client
+// (ctx) left meanwhile.
+func waitVerdict(ctx context.Context, first *pendingVersion, maxWait time.Duration) bool {
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
 	select {
-	case <-wait:
+	case <-first.done:
+		return true
+	case <-first.asker.Done():
 		return true
 	case <-t.C:
 		return true

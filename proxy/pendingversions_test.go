@@ -146,7 +146,7 @@ func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
 		t.Fatalf("after the first's client left: first=%v wait=%v, want a new first that does not wait", next, wait)
 	}
 	select {
-	case <-twinWait:
+	case <-twinWait.done:
 	default:
 		t.Error("the twin still waits on a first whose client left")
 	}
@@ -157,6 +157,34 @@ func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
 	next.resolve()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Errorf("%d entries, %d bytes left", p.len(), p.bytes)
+	}
+}
+
+// A twin that is already waiting goes on as soon as the first watch's
+// client leaves, before the first watch's handler has unwound and
+// resolved it.
+func TestATwinGoesOnWhenTheFirstsClientLeaves(t *testing.T) {
+	p := newPendingVersions()
+	k := versionKey{resource: "pods", version: 7}
+	gone, leave := context.WithCancel(context.Background())
+	first, _ := p.join(gone, k)
+	defer first.resolve()
+	_, wait := p.join(context.Background(), k)
+	waited := make(chan bool, 1)
+	go func() { waited <- waitVerdict(context.Background(), wait, time.Hour) }()
+	select {
+	case <-waited:
+		t.Fatal("the twin went on while the first's client was there")
+	case <-time.After(20 * time.Millisecond):
+	}
+	leave()
+	select {
+	case ok := <-waited:
+		if !ok {
+			t.Error("waitVerdict says the twin's own client left")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the twin still waits after the first's client left")
 	}
 }
 
