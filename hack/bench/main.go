@@ -37,9 +37,9 @@ type config struct {
 	idle       int
 	timeout    time.Duration
 	write      bool
-	// cpuProfile, when set, receives a CPU profile of watchgate taken
-	// through its --pprof-bind-address over the first profileFor of the
-	// rounds.
+	// cpuProfile, when set, receives a CPU profile of watchgate (and
+	// cpuProfile.bare one of the bare proxy) taken through their pprof
+	// servers over the first profileFor of the rounds.
 	cpuProfile string
 	profileFor time.Duration
 	// memProfiles, when set, is a folder that receives each proxy's heap
@@ -68,7 +68,7 @@ func main() {
 	flag.IntVar(&c.objects, "objects", 3000, "config maps a replay streams (1-20000)")
 	flag.IntVar(&c.idle, "idle-watches", 2000, "idle watches held open per proxy for the memory figure (1-10000)")
 	flag.DurationVar(&c.timeout, "timeout", 12*time.Minute, "the whole run gives up after this (1m-1h)")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of watchgate over the rounds to this file (go tool pprof bin/watchgate FILE); profiling costs watchgate CPU, so pair it with -write=false")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write CPU profiles of watchgate and the bare proxy over the same span of the rounds to this file and FILE.bare (go tool pprof -top FILE); profiling costs the proxies CPU, so pair it with -write=false")
 	flag.StringVar(&c.memProfiles, "memprofiles", "", "write each proxy's heap profile before and with the idle watches open into this folder ({bare-proxy,watchgate}-{before,idle}.pb.gz, and .txt with MemStats)")
 	flag.DurationVar(&c.profileFor, "profile-for", 30*time.Second, "how long -cpuprofile profiles, from the first round (1s-10m)")
 	flag.Parse()

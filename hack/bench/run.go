@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -86,7 +87,7 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 
-	targets, pprofAddr, stop, err := startTargets(ctx, env, c.watchgate, sa.Token, tmp)
+	targets, stop, err := startTargets(ctx, env, c.watchgate, sa.Token, tmp)
 	defer stop()
 	if err != nil {
 		return err
@@ -122,10 +123,14 @@ func run(ctx context.Context, c config) error {
 
 	step("%d rounds; each path per round: %d GETs, %d watch opens, %d JSON and %d protobuf replays of %d objects",
 		c.rounds, c.gets, c.opens, c.replays, c.replays, c.objects)
-	profiled := make(chan error, 1)
+	// Both proxies are profiled over the same span: the bare proxy's
+	// profile, to compare with, goes to <file>.bare.
+	profiled := make(chan error, 2)
 	if c.cpuProfile != "" {
-		go func() { profiled <- profile(ctx, pprofAddr, c.profileFor, c.cpuProfile) }()
+		go func() { profiled <- profile(ctx, wg.pprof, c.profileFor, c.cpuProfile) }()
+		go func() { profiled <- profile(ctx, bare.pprof, c.profileFor, c.cpuProfile+".bare") }()
 	} else {
+		profiled <- nil
 		profiled <- nil
 	}
 	for r := range c.rounds {
@@ -137,11 +142,11 @@ func run(ctx context.Context, c config) error {
 		}
 		fmt.Printf("    round %d/%d done\n", r+1, c.rounds)
 	}
-	if err := <-profiled; err != nil {
+	if err := errors.Join(<-profiled, <-profiled); err != nil {
 		return err
 	}
 	if c.cpuProfile != "" {
-		fmt.Println("    watchgate's CPU profile:", c.cpuProfile)
+		fmt.Printf("    CPU profiles: watchgate %s, bare proxy %s.bare\n", c.cpuProfile, c.cpuProfile)
 	}
 	if held, opens, err := heldWatches(ctx, wg.metrics); err != nil {
 		fmt.Println("    cannot read watchgate's metrics:", err)
@@ -228,10 +233,9 @@ func payload(i int) map[string]string {
 }
 
 // startTargets starts the bare proxy and watchgate, each in its own
-// process, and returns direct, bare and watchgate, in that order, the
-// address of watchgate's pprof server, and a function that stops both
-// processes.
-func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, tmp string) ([]*target, string, func(), error) {
+// process, and returns direct, bare and watchgate, in that order, and a
+// function that stops both processes.
+func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, tmp string) ([]*target, func(), error) {
 	var procs []*process
 	stop := func() {
 		for _, p := range procs {
@@ -240,62 +244,62 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(env.Config.CAData) {
-		return nil, "", stop, fmt.Errorf("the API server's CA is not PEM")
+		return nil, stop, fmt.Errorf("the API server's CA is not PEM")
 	}
 	caFile := filepath.Join(tmp, "apiserver-ca.crt")
 	if err := os.WriteFile(caFile, env.Config.CAData, 0o600); err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	addrs := make([]string, 6)
 	for i := range addrs {
 		a, err := apiserver.FreeAddr()
 		if err != nil {
-			return nil, "", stop, err
+			return nil, stop, err
 		}
 		addrs[i] = a
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	step("Starting the bare proxy (httputil.ReverseProxy) and watchgate, each in its own process")
 	bp, err := startProcess("bare proxy", self, filepath.Join(tmp, "bare-proxy.log"),
 		bareProxyCommand, "--listen", addrs[0], "--upstream", strings.TrimRight(env.Config.Host, "/"), "--ca-file", caFile, "--pprof", addrs[5])
 	if err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	procs = append(procs, bp)
 
 	budgetFile := filepath.Join(tmp, "budget.yaml")
 	if err := os.WriteFile(budgetFile, []byte(budget), 0o600); err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	if out, err := env.Kubectl(ctx, "apply", "-f", budgetFile); err != nil {
-		return nil, "", stop, fmt.Errorf("apply the bench budget: %w: %s", err, out)
+		return nil, stop, fmt.Errorf("apply the bench budget: %w: %s", err, out)
 	}
 	logs := filepath.Join(os.TempDir(), "watchgate-bench.log")
 	wp, err := startProcess("watchgate", watchgateBin, logs,
 		"--kubeconfig", env.Kubeconfig, "--proxy-bind-address", addrs[1], "--metrics-bind-address", addrs[2],
 		"--health-probe-bind-address", addrs[3], "--pprof-bind-address", addrs[4], "--pod-name", "watchgate-bench-0", "--shutdown-grace-period", "1s")
 	if err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	procs = append(procs, wp)
 	fmt.Println("    watchgate logs:", logs)
 
 	plain := &http.Client{Timeout: 5 * time.Second, Transport: newTransport("", nil)}
 	if err := bp.waitReady(ctx, plain, "https://"+addrs[0]+"/version", false, 30*time.Second); err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	if err := wp.waitReady(ctx, plain, "http://"+addrs[3]+"/readyz", true, 60*time.Second); err != nil {
-		return nil, "", stop, err
+		return nil, stop, err
 	}
 	targets := []*target{
 		{name: "direct", host: strings.TrimRight(env.Config.Host, "/"), rt: newTransport(token, pool)},
 		{name: "bare proxy", host: "https://" + addrs[0], rt: newTransport(token, nil), proc: bp, pprof: addrs[5]},
 		{name: "watchgate", host: "https://" + addrs[1], rt: newTransport(token, nil), proc: wp, pprof: addrs[4], metrics: addrs[2], decisionHeader: "budget=bench"},
 	}
-	return targets, addrs[4], stop, nil
+	return targets, stop, nil
 }
 
 // profile fetches a CPU profile of d from the pprof server at addr into
