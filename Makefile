@@ -51,7 +51,7 @@ test: ## Run every test (unit, integration, end to end) against a real kube-apis
 	done
 
 .PHONY: bench
-bench: build ## Measure direct vs a bare reverse proxy vs watchgate on a real API server (~2 min); writes BENCHMARKS.md. BENCH_FLAGS="-write=false -cpuprofile /tmp/wg.cpu" profiles watchgate.
+bench: build ## Measure direct vs a bare reverse proxy vs watchgate on a real API server (~3 min); writes BENCHMARKS.md. BENCH_FLAGS="-write=false -cpuprofile /tmp/wg.cpu" profiles watchgate.
 	@assets=$$(hack/testbin.sh) && echo ">> go run ./hack/bench (compiles on the first run)" && cd hack/bench && KUBEBUILDER_ASSETS=$$assets go run . -watchgate ../../bin/watchgate $(BENCH_FLAGS)
 
 .PHONY: bench-go
