@@ -21,6 +21,11 @@
 //	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass
 //
+// The filters hand what they learn to the next in one requestState in the
+// request's context (context.go): the caller, the budget identity, the
+// classification, an admitted watch. One value and one copy of the request,
+// not one per filter: an open watch keeps them for its whole life.
+//
 // The upstream transport trusts the API server's CA but carries none of the
 // proxy's own credentials: the caller's Authorization and Impersonate-*
 // headers go through unchanged, so the API server authenticates and
@@ -41,7 +46,9 @@
 // Concurrent watches from one explicit resourceVersion ask the API server
 // once (pendingversions.go): while the first one's verdict is unknown its
 // twins wait (bounded), then are decided again, so they get the local 410
-// once the engine learnt the version stale, or go upstream.
+// once the engine learnt the version stale, or go upstream. A first watch
+// whose client has left teaches nothing more: its twins go on at once, and
+// the next watch from that version takes its place.
 //
 // Caller-chosen strings in logs are cut (boundedForLog), and a collection
 // GET whose query does not parse is logged by the proxy, sampled, instead of
