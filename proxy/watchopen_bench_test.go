@@ -2,11 +2,8 @@ package proxy
 
 import (
 	"context"
-	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"testing"
 
@@ -41,11 +38,7 @@ func BenchmarkWatchOpen(b *testing.B) {
 	}))
 	b.Cleanup(upstream.Close)
 	target, _ := url.Parse(upstream.URL)
-	bare := &httputil.ReverseProxy{
-		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		FlushInterval: -1,
-		ErrorLog:      log.New(io.Discard, "", 0),
-	}
+	bare := bareReverseProxy(target)
 	for _, via := range []struct {
 		name    string
 		handler http.Handler

@@ -137,11 +137,7 @@ func BenchmarkWatchThroughProxy(b *testing.B) {
 	}))
 	b.Cleanup(upstream.Close)
 	target, _ := url.Parse(upstream.URL)
-	bare := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		FlushInterval: -1,
-		ErrorLog:      log.New(io.Discard, "", 0),
-	})
+	bare := httptest.NewServer(bareReverseProxy(target))
 	b.Cleanup(bare.Close)
 	for _, via := range []struct {
 		name string
@@ -171,6 +167,16 @@ func BenchmarkWatchThroughProxy(b *testing.B) {
 
 func upstreamConfig(host string) *rest.Config { return &rest.Config{Host: host} }
 
+// bareReverseProxy is the floor the benchmarks compare watchgate with: a
+// plain httputil.ReverseProxy to target, flushed on every write.
+func bareReverseProxy(target *url.URL) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		FlushInterval: -1,
+		ErrorLog:      log.New(io.Discard, "", 0),
+	}
+}
+
 // BenchmarkIdleWatchMemory opens 200 idle watches (the upstream holds them
 // open and sends nothing) through a bare httputil.ReverseProxy and through
 // watchgate's chain, in process over HTTP/1.1, and reports goroutines,
@@ -193,11 +199,7 @@ func BenchmarkIdleWatchMemory(b *testing.B) {
 	b.Cleanup(upstream.Close)
 	b.Cleanup(func() { close(hold) })
 	target, _ := url.Parse(upstream.URL)
-	bare := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		FlushInterval: -1,
-		ErrorLog:      log.New(io.Discard, "", 0),
-	})
+	bare := httptest.NewServer(bareReverseProxy(target))
 	b.Cleanup(bare.Close)
 	for _, via := range []struct {
 		name string
