@@ -41,12 +41,6 @@ func stateOf(r *http.Request) (*requestState, *http.Request) {
 	return s, r.WithContext(context.WithValue(r.Context(), requestStateKey{}, s))
 }
 
-// withCaller returns a context whose request state names u as the caller;
-// a new state, so that a context never shares one with another request.
-func withCaller(ctx context.Context, u user.Info) context.Context {
-	return context.WithValue(ctx, requestStateKey{}, &requestState{caller: u})
-}
-
 func callerFrom(ctx context.Context) (user.Info, bool) {
 	if s := requestStateFrom(ctx); s != nil && s.caller != nil {
 		return s.caller, true

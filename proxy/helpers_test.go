@@ -168,3 +168,9 @@ func schemaGR(group, resource string) schema.GroupResource {
 func funcLogger(f func(msg string)) logr.Logger {
 	return funcr.New(func(_, args string) { f(args) }, funcr.Options{})
 }
+
+// withCaller returns a context whose request state names u as the caller,
+// as withAuthentication leaves it.
+func withCaller(ctx context.Context, u user.Info) context.Context {
+	return context.WithValue(ctx, requestStateKey{}, &requestState{caller: u})
+}

@@ -111,9 +111,10 @@ type pendingVersion struct {
 	key   versionKey
 	// asker is the first watch's request context: once it is done, the
 	// first watch will not learn anything more.
-	asker context.Context
-	done  chan struct{}
-	once  sync.Once
+	asker    context.Context
+	done     chan struct{}
+	once     sync.Once
+	resolved atomic.Bool
 }
 
 func newPendingVersions() *pendingVersions {
@@ -149,8 +150,13 @@ func (p *pendingVersions) join(ctx context.Context, k versionKey) (first, wait *
 	return pv, nil
 }
 
-// resolve ends the wait of pv's twins; only the first call does anything.
+// resolve ends the wait of pv's twins; only the first call does anything
+// (the first watch calls it for every event of its stream, so later calls
+// must not take the table's lock).
 func (pv *pendingVersion) resolve() {
+	if pv.resolved.Swap(true) {
+		return
+	}
 	p := pv.owner
 	p.mu.Lock()
 	p.forgetLocked(pv)

@@ -33,6 +33,9 @@ type row struct {
 	values  [3]float64 // direct, bare, watchgate; NaN-free, 0 = not measured
 	target  float64
 	atLeast bool
+	// proxiesOnly: the proxies' 0 is a measurement (printed 0), only
+	// direct is "not measured".
+	proxiesOnly bool
 }
 
 func (r report) rows() []row {
@@ -76,8 +79,16 @@ func (r report) rows() []row {
 		{name: "proxy CPU per JSON event", unit: "µs", values: cpu(kindJSON), target: 1.15},
 		{name: "proxy CPU per protobuf event", unit: "µs", values: cpu(kindProtobuf), target: 1.15},
 		{name: fmt.Sprintf("proxy RSS per idle watch (%d open)", r.config.idle), unit: "KiB", values: mem, target: 1.25},
-		{name: fmt.Sprintf("proxy CPU at rest (%s, nothing asked)", restFor), unit: "ms/s", values: rest},
+		{name: fmt.Sprintf("proxy CPU at rest (%s, nothing asked)", restFor), unit: "ms/s", values: rest, proxiesOnly: true},
 	}
+}
+
+// proxyValue formats the bare proxy's (i = 1) or watchgate's (2) value.
+func (r row) proxyValue(i int) string {
+	if r.proxiesOnly && r.values[i] == 0 {
+		return "0"
+	}
+	return format(r.values[i])
 }
 
 func format(v float64) string {
@@ -135,7 +146,7 @@ func (r report) markdown() string {
 			met = map[bool]string{true: "yes", false: "**no**"}[ok]
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			row.name, row.unit, format(row.values[0]), format(row.values[1]), format(row.values[2]), ratio, target, met)
+			row.name, row.unit, format(row.values[0]), row.proxyValue(1), row.proxyValue(2), ratio, target, met)
 	}
 	return b.String()
 }

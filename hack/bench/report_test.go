@@ -99,3 +99,14 @@ func TestOwnProcessCPUAndRSSAreRead(t *testing.T) {
 		t.Errorf("RSS %d bytes: not read", rss)
 	}
 }
+
+// At rest, a proxy that used no CPU shows 0, not "not measured".
+func TestAtRestZeroIsPrinted(t *testing.T) {
+	r := row{name: "at rest", unit: "ms/s", values: [3]float64{0, 0, 0.5}, proxiesOnly: true}
+	if got := r.proxyValue(1); got != "0" {
+		t.Errorf("bare proxy at rest printed %q, want 0", got)
+	}
+	if got := (row{values: [3]float64{0, 0, 1}}).proxyValue(1); got != "—" {
+		t.Errorf("an unmeasured figure printed %q, want —", got)
+	}
+}
