@@ -60,21 +60,26 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 		}
 		var first *pendingVersion
 		if k, ok := pendingVersionKey(c); ok && a.pending != nil {
-			var wait *pendingVersion
-			first, wait = a.pending.join(r.Context(), k)
+			if first, ok = a.pending.hold(r.Context(), k, a.pendingWait); !ok {
+				return // the client left
+			}
 			if first != nil {
-				defer first.resolve()
-			} else if wait != nil {
-				watchesHeld.Inc()
-				if !waitVerdict(r.Context(), wait, a.pendingWait) {
-					return // the client left
-				}
+				defer first.abandon()
 			}
 		}
 		start := a.clock.Now()
 		d := a.decide(w, r, c, id, start)
 		switch {
 		case !d.Allowed:
+			if first != nil {
+				// Its twins need not wait out the rejection's delay: the
+				// engine knows the version stale, or they ask themselves.
+				if d.Reason == ratelimit.ReasonStaleResourceVersion {
+					first.settle()
+				} else {
+					first.abandon()
+				}
+			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
 			a.serveWatch(w, r, c, &d, start, first, next)

@@ -47,8 +47,9 @@
 // once (pendingversions.go): while the first one's verdict is unknown its
 // twins wait (bounded), then are decided again, so they get the local 410
 // once the engine learnt the version stale, or go upstream. A first watch
-// whose client has left teaches nothing more: its twins go on at once, and
-// the next watch from that version takes its place.
+// that learns nothing (its client left, it was rejected, the API server
+// failed it) hands over: one twin asks in its place and the others wait for
+// that one, so the storm still costs one upstream WATCH per stale version.
 //
 // Caller-chosen strings in logs are cut (boundedForLog), and a collection
 // GET whose query does not parse is logged by the proxy, sampled, instead of

@@ -60,21 +60,24 @@ func pendingVersionKey(c *classification) (versionKey, bool) {
 // pendingVersions makes concurrent watches from one resourceVersion ask
 // the API server once. The first watch from a (group, resource, version)
 // goes on and carries a pendingVersion; its twins that come while the
-// verdict is unknown wait (pendingVersionWait at most, or until the client
-// leaves), then are decided again: by then the engine has learnt the
-// version stale (an ERROR 410 went by) and answers them locally, or the
-// version proved valid and they all go upstream.
+// verdict is unknown wait (hold), then are decided again: by then the
+// engine has learnt the version stale (an ERROR 410 went by) and answers
+// them locally, or the version proved valid and they all go upstream.
 //
 // The verdict is valid as soon as the first watch saw an event that is not
-// an ERROR, or its 200 stayed quiet for pendingVersionQuietWindow; it is
-// "none" (the twins go upstream) when the first watch was rejected, got
-// another status code or an error other than 410, or ended. A watch from a
-// version no other watch is asking about never waits, nor does one whose
-// first watch's client has already left: that watch can teach nothing
-// more, so the newcomer takes its place as the first (a client that
+// an ERROR, or its 200 stayed quiet for pendingVersionQuietWindow, and
+// stale when an ERROR 410 went by (settle). When the first watch learns
+// nothing (its client left, it was rejected, the API server answered
+// another status code, an error other than 410, or nothing at all), its
+// twins ask again (abandon): one of them takes its place as the first and
+// the others wait for that one, so a client that opens a watch from a
+// stale version and drops it at once does not let every twin through. A
+// watch never waits for a first whose client has already left: that watch
+// can teach nothing more, so the newcomer takes its place (a client that
 // closes each watch and opens the next from the same version, as
 // benchmarks and some dashboards do, would otherwise wait for the
-// previous watch's handler to unwind).
+// previous watch's handler to unwind). A twin waits pendingVersionWait at
+// most in all, however many firsts it outlives, then goes its own way.
 //
 // State is bounded in count (maxPendingVersions) and bytes
 // (maxPendingVersionBytes); when full, watches are not held. It is safe for
@@ -105,7 +108,8 @@ func (p *pendingVersions) window(floor time.Duration) time.Duration {
 	return min(max(floor, 2*time.Duration(p.slowestStale.Load())), max(floor, maxPendingVersionQuietWindow))
 }
 
-// pendingVersion is one version asked about; resolve releases its twins.
+// pendingVersion is one version asked about; settle or abandon releases
+// its twins.
 type pendingVersion struct {
 	owner *pendingVersions
 	key   versionKey
@@ -115,6 +119,9 @@ type pendingVersion struct {
 	done     chan struct{}
 	once     sync.Once
 	resolved atomic.Bool
+	// settled is set before done closes when the first watch learnt the
+	// verdict; otherwise its twins ask again.
+	settled atomic.Bool
 }
 
 func newPendingVersions() *pendingVersions {
@@ -150,10 +157,17 @@ func (p *pendingVersions) join(ctx context.Context, k versionKey) (first, wait *
 	return pv, nil
 }
 
-// resolve ends the wait of pv's twins; only the first call does anything
-// (the first watch calls it for every event of its stream, so later calls
-// must not take the table's lock).
-func (pv *pendingVersion) resolve() {
+// settle ends the wait of pv's twins with a verdict: the version is
+// valid, or the engine has learnt it stale. Only the first settle or
+// abandon does anything (the first watch settles on every event of its
+// stream, so later calls must not take the table's lock).
+func (pv *pendingVersion) settle() { pv.resolve(true) }
+
+// abandon ends the wait of pv's twins without a verdict: they ask again.
+// After settle, it does nothing.
+func (pv *pendingVersion) abandon() { pv.resolve(false) }
+
+func (pv *pendingVersion) resolve(settled bool) {
 	if pv.resolved.Swap(true) {
 		return
 	}
@@ -161,6 +175,9 @@ func (pv *pendingVersion) resolve() {
 	p.mu.Lock()
 	p.forgetLocked(pv)
 	p.mu.Unlock()
+	if settled {
+		pv.settled.Store(true)
+	}
 	pv.release()
 }
 
@@ -185,23 +202,38 @@ func (p *pendingVersions) len() int {
 	return len(p.m)
 }
 
-// waitVerdict waits until first is resolved, its client leaves (it will
-// learn nothing more: the HTTP/2 client that closes a watch and opens the
-// next from the same version sends the next request before the reset of
-// the previous one, so the previous one is often still open when the next
-// joins), or maxWait passed; it returns false when this watch's own client
-// (ctx) left meanwhile.
-func waitVerdict(ctx context.Context, first *pendingVersion, maxWait time.Duration) bool {
+// hold is what a watch from k (whose request context is ctx) does before
+// it is decided: it returns the pendingVersion to carry when this watch is
+// the first to ask, nil when it need not ask (the first watch settled the
+// verdict, the table is full, or it waited maxWait in all), and false when
+// its own client left while it waited. The watch asks in the place of
+// every first it waited on that learnt nothing.
+func (p *pendingVersions) hold(ctx context.Context, k versionKey, maxWait time.Duration) (first *pendingVersion, ok bool) {
+	first, wait := p.join(ctx, k)
+	if wait == nil {
+		return first, true
+	}
+	watchesHeld.Inc()
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
-	select {
-	case <-first.done:
-		return true
-	case <-first.asker.Done():
-		return true
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+	for wait != nil {
+		select {
+		case <-wait.done:
+			if wait.settled.Load() {
+				return nil, true
+			}
+		case <-wait.asker.Done():
+		case <-t.C:
+			return nil, true
+		case <-ctx.Done():
+			return nil, false
+		}
+		// The first learnt nothing, or will not (its client left; the
+		// HTTP/2 client that closes a watch and opens the next from the
+		// same version sends the next request before the reset of the
+		// previous one, so the previous one is often still open when the
+		// next joins): ask in its place, or wait for whoever did.
+		first, wait = p.join(ctx, k)
 	}
+	return first, true
 }

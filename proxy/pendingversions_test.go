@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -111,10 +112,10 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 	if f, w := p.join(ctx, k2); f != nil || w == nil {
 		t.Fatal("a twin must wait")
 	}
-	first.resolve()
-	first.resolve()
+	first.settle()
+	first.abandon()
 	if p.len() != 0 || p.bytes != 0 {
-		t.Fatalf("%d entries, %d bytes left after resolve", p.len(), p.bytes)
+		t.Fatalf("%d entries, %d bytes left after settle", p.len(), p.bytes)
 	}
 	long := strings.Repeat("r", 64<<10)
 	n := 0
@@ -130,7 +131,7 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 
 // A watch whose first watch's client has left does not wait: it takes the
 // first's place, and whoever waited on the first is released at once.
-// The first's own late resolve does not remove its successor.
+// The first's own late abandon does not remove its successor.
 func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
 	p := newPendingVersions()
 	k := versionKey{resource: "pods", version: 7}
@@ -150,41 +151,88 @@ func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
 	default:
 		t.Error("the twin still waits on a first whose client left")
 	}
-	first.resolve() // the old first's handler unwinds late
+	first.abandon() // the old first's handler unwinds late
 	if _, w := p.join(context.Background(), k); w == nil {
-		t.Error("the old first's resolve removed its successor")
+		t.Error("the old first's abandon removed its successor")
 	}
-	next.resolve()
+	next.abandon()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Errorf("%d entries, %d bytes left", p.len(), p.bytes)
 	}
 }
 
-// A twin that is already waiting goes on as soon as the first watch's
-// client leaves, before the first watch's handler has unwound and
-// resolved it.
-func TestATwinGoesOnWhenTheFirstsClientLeaves(t *testing.T) {
+// A twin that is already waiting asks in the first's place as soon as the
+// first watch's client leaves, before the first watch's handler has
+// unwound; a second twin then waits for it, and goes on with its verdict.
+func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	p := newPendingVersions()
 	k := versionKey{resource: "pods", version: 7}
 	gone, leave := context.WithCancel(context.Background())
 	first, _ := p.join(gone, k)
-	defer first.resolve()
-	_, wait := p.join(context.Background(), k)
-	waited := make(chan bool, 1)
-	go func() { waited <- waitVerdict(context.Background(), wait, time.Hour) }()
+	defer first.abandon()
+	type held struct {
+		first *pendingVersion
+		ok    bool
+	}
+	hold := func() chan held {
+		c := make(chan held, 1)
+		go func() {
+			f, ok := p.hold(context.Background(), k, time.Hour)
+			c <- held{f, ok}
+		}()
+		return c
+	}
+	twin := hold()
 	select {
-	case <-waited:
+	case <-twin:
 		t.Fatal("the twin went on while the first's client was there")
 	case <-time.After(20 * time.Millisecond):
 	}
 	leave()
+	var next held
 	select {
-	case ok := <-waited:
-		if !ok {
-			t.Error("waitVerdict says the twin's own client left")
-		}
+	case next = <-twin:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the twin still waits after the first's client left")
+	}
+	if !next.ok || next.first == nil {
+		t.Fatalf("the twin got first=%v ok=%v, want it to ask in the first's place", next.first, next.ok)
+	}
+	second := hold()
+	select {
+	case <-second:
+		t.Fatal("a second twin went on while the new first was asking")
+	case <-time.After(20 * time.Millisecond):
+	}
+	next.first.settle()
+	select {
+	case h := <-second:
+		if !h.ok || h.first != nil {
+			t.Errorf("after a verdict the second twin got first=%v ok=%v, want it to go on without asking", h.first, h.ok)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second twin still waits after the verdict")
+	}
+}
+
+// A twin's wait is bounded in all, however many firsts learn nothing, and
+// ends when its own client leaves.
+func TestATwinsWaitIsBounded(t *testing.T) {
+	p := newPendingVersions()
+	k := versionKey{resource: "pods", version: 7}
+	first, _ := p.join(context.Background(), k)
+	defer first.abandon()
+	start := time.Now()
+	if f, ok := p.hold(context.Background(), k, 30*time.Millisecond); f != nil || !ok {
+		t.Errorf("after the longest wait: first=%v ok=%v, want to go on without asking", f, ok)
+	}
+	if waited := time.Since(start); waited < 30*time.Millisecond {
+		t.Errorf("waited %v, want the whole 30ms", waited)
+	}
+	ctx, leave := context.WithCancel(context.Background())
+	leave()
+	if _, ok := p.hold(ctx, k, time.Hour); ok {
+		t.Error("hold says go on for a client that left")
 	}
 }
 
@@ -208,5 +256,88 @@ func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
 		if got := p.window(floor); got != s.want {
 			t.Errorf("step %d (observed %v): window %v, want %v", i, s.observe, got, s.want)
 		}
+	}
+}
+
+// When the first watch from a stale version learns nothing (its client
+// left before the API server answered, the API server failed it), its
+// twins do not all go upstream: one of them asks in its place and the
+// others wait for that one's verdict.
+func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
+	for name, firstAnswer := range map[string]func(w http.ResponseWriter, r *http.Request){
+		"its client left before the answer": func(w http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done()
+		},
+		"the API server answered 503": func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			engine := &fakeEngine{}
+			engine.decide = func(r *ratelimit.Request) ratelimit.Decision {
+				if _, _, stale := engine.snapshot(); len(stale) > 0 {
+					return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "b"}
+				}
+				return ratelimit.Decision{Allowed: true, Budget: "b"}
+			}
+			var upstream atomic.Int32
+			answer := make(chan struct{})
+			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if upstream.Add(1) == 1 {
+					<-answer // the twins are waiting by now
+					firstAnswer(w, r)
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(200)
+				_, _ = w.Write(jsonFrames()[2])
+			}))
+			ctx, leave := context.WithCancel(context.Background())
+			defer leave()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, px.URL+staleWatchURL, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer alice")
+			firstDone := make(chan struct{})
+			go func() {
+				defer close(firstDone)
+				if resp, err := px.Client().Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			deadline := time.Now().Add(5 * time.Second)
+			for upstream.Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			var wg sync.WaitGroup
+			bodies := make([]string, 4)
+			for i := range bodies {
+				wg.Go(func() {
+					_, body := get(t, px, "alice", staleWatchURL)
+					bodies[i] = string(body)
+				})
+			}
+			time.Sleep(50 * time.Millisecond) // let the twins join
+			if name == "its client left before the answer" {
+				leave()
+			}
+			close(answer)
+			wg.Wait()
+			<-firstDone
+			if got := upstream.Load(); got != 2 {
+				t.Errorf("%d upstream watches, want 2 (the first and one twin in its place)", got)
+			}
+			local := 0
+			for _, b := range bodies {
+				if strings.Contains(b, "answered by watchgate") {
+					local++
+				}
+			}
+			if local != 3 {
+				t.Errorf("%d twins answered locally, want 3 (bodies %q)", local, bodies)
+			}
+		})
 	}
 }

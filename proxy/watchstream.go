@@ -77,12 +77,12 @@ func (ws *watchState) clientGone() bool {
 // JSON or protobuf, wraps the body to inspect it as it passes.
 func (ws *watchState) upstreamAnswered(resp *http.Response) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		ws.resolveVerdict()
+		ws.settleVerdict() // the stream is not read: its twins go on
 		return // a watch over WebSocket: relayed, not inspected
 	}
 	ws.upstreamCode.Store(int32(resp.StatusCode))
 	if resp.StatusCode != http.StatusOK {
-		ws.resolveVerdict()
+		ws.abandonVerdict()
 		return
 	}
 	ws.answeredAt = ws.clock.Now()
@@ -95,7 +95,7 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 		if ws.pending != nil {
 			window = ws.pending.window(window)
 		}
-		ws.quiet = time.AfterFunc(window, ws.verdict.resolve)
+		ws.quiet = time.AfterFunc(window, ws.verdict.settle)
 	}
 }
 
@@ -104,7 +104,7 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 // the watch (shutdown).
 func (ws *watchState) upstreamFailed() (stoppedByProxy bool) {
 	ws.transportErr.Store(true)
-	ws.resolveVerdict()
+	ws.abandonVerdict()
 	return ws.stopped.Load()
 }
 
@@ -119,7 +119,7 @@ func (ws *watchState) end() {
 		if ws.quiet != nil {
 			ws.quiet.Stop()
 		}
-		ws.resolveVerdict()
+		ws.abandonVerdict()
 		outcome := ratelimit.OutcomeClosed
 		if b := ws.body; b != nil {
 			_ = b.Close()
@@ -149,19 +149,27 @@ func (ws *watchState) end() {
 	})
 }
 
-// resolveVerdict releases the twins waiting on this watch's version, if
-// any, without a verdict of its own: they decide again and go upstream
-// unless the engine has learnt the version stale meanwhile.
-func (ws *watchState) resolveVerdict() {
+// settleVerdict releases the twins waiting on this watch's version, if
+// any, with its verdict: they decide again, answered locally if the
+// engine has learnt the version stale, upstream otherwise.
+func (ws *watchState) settleVerdict() {
 	if ws.verdict != nil {
-		ws.verdict.resolve()
+		ws.verdict.settle()
+	}
+}
+
+// abandonVerdict releases the twins waiting on this watch's version, if
+// any and not settled, without a verdict: one of them asks in its place.
+func (ws *watchState) abandonVerdict() {
+	if ws.verdict != nil {
+		ws.verdict.abandon()
 	}
 }
 
 // sawEvent is called for every event in the stream that is not an ERROR:
 // the version was valid.
 func (ws *watchState) sawEvent() {
-	ws.resolveVerdict()
+	ws.settleVerdict()
 }
 
 // sawError is called for every ERROR event in the stream with its object.
@@ -169,15 +177,16 @@ func (ws *watchState) sawEvent() {
 // resourceVersion is stale, before any twin waiting on it decides.
 func (ws *watchState) sawError(obj runtime.Object) {
 	ws.errorEvent.Store(true)
-	defer ws.resolveVerdict()
 	status, ok := obj.(*metav1.Status)
 	if !ok || status.Code != 410 {
+		ws.abandonVerdict()
 		return
 	}
 	rv := ws.c.ResourceVersion
 	if rv == "" || rv == "0" {
 		return // never too old; the 410 is about something else
 	}
+	defer ws.settleVerdict() // after the engine has learnt it
 	now := ws.clock.Now()
 	ws.engine.StaleVersionSeen(now, ws.c.APIGroup, ws.c.Resource, rv)
 	staleVersionsLearned.Inc()
