@@ -78,7 +78,7 @@ func (ws *watchState) clientGone() bool {
 func (ws *watchState) upstreamAnswered(resp *http.Response) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		ws.settleVerdict() // the stream is not read: its twins go on
-		return // a watch over WebSocket: relayed, not inspected
+		return             // a watch over WebSocket: relayed, not inspected
 	}
 	ws.upstreamCode.Store(int32(resp.StatusCode))
 	if resp.StatusCode != http.StatusOK {
