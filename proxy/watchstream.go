@@ -77,8 +77,10 @@ func (ws *watchState) clientGone() bool {
 // JSON or protobuf, wraps the body to inspect it as it passes.
 func (ws *watchState) upstreamAnswered(resp *http.Response) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		ws.settleVerdict() // the stream is not read: its twins go on
-		return             // a watch over WebSocket: relayed, not inspected
+		// A watch over WebSocket is relayed, not inspected: it will learn
+		// nothing, so its twins go on.
+		ws.settleVerdict()
+		return
 	}
 	ws.upstreamCode.Store(int32(resp.StatusCode))
 	if resp.StatusCode != http.StatusOK {
