@@ -78,6 +78,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench: a count, --timeout or --profile-for is out of bounds (see -h)")
 		os.Exit(2)
 	}
+	if err := outputsWritable(c); err != nil {
+		// Found out now, not after minutes of rounds.
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	ctx, cancelRun := context.WithTimeout(ctx, c.timeout)
@@ -86,6 +91,24 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// outputsWritable creates the profile files and folder the flags name
+// (empty until the run writes them), so a typo in a path fails at once.
+func outputsWritable(c config) error {
+	if c.cpuProfile != "" {
+		for _, f := range []string{c.cpuProfile, c.cpuProfile + ".bare"} {
+			if err := os.WriteFile(f, nil, 0o644); err != nil {
+				return fmt.Errorf("-cpuprofile: %w", err)
+			}
+		}
+	}
+	if c.memProfiles != "" {
+		if err := os.MkdirAll(c.memProfiles, 0o755); err != nil {
+			return fmt.Errorf("-memprofiles: %w", err)
+		}
+	}
+	return nil
 }
 
 func step(format string, args ...any) {
