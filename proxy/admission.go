@@ -188,7 +188,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	defer activeWatches.Dec()
 	upstreamWatchOpens.Inc()
 	st.watch = ws
-	next.ServeHTTP(w, r.WithContext(ctx))
+	next.ServeHTTP(watchHeaders{w}, r.WithContext(ctx))
 }
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are

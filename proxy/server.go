@@ -127,13 +127,15 @@ func NewServer(opts Options) (*Server, error) {
 }
 
 // chain builds the filter chain, once: authenticate, classify, find the
-// budget identity (only for what a budget decides), guard the replica, admit, forward.
+// budget identity (only for what a budget decides), guard the replica, admit, forward;
+// the handler's stack is grown first (withGrownStack).
 func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, guard *watchGuard, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
 	h = withWatchGuard(guard, h)
 	h = withBudgetIdentity(impersonation, policy, logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
-	return withAuthentication(tokens, policy, logs, h)
+	h = withAuthentication(tokens, policy, logs, h)
+	return withGrownStack(h)
 }
 
 // NeedLeaderElection is false: every replica serves.
