@@ -83,48 +83,67 @@ func TestForwardingCarriesOnlyTheCallersCredentials(t *testing.T) {
 	}
 }
 
-// exec, attach and port-forward upgrade the connection: the proxy passes
-// the upgrade through over HTTP/1.1, even to an upstream that prefers
-// HTTP/2, and then relays bytes both ways.
+// exec, attach and port-forward upgrade the connection, and so can a
+// watch (over WebSocket, answered by the admission step and followed to
+// its end): the proxy passes the upgrade through over HTTP/1.1, even to
+// an upstream that prefers HTTP/2, and then relays bytes both ways.
 func TestUpgradesPassThrough(t *testing.T) {
-	cfg := tlsUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") != "SPDY/3.1" || r.Header.Get("Authorization") != "Bearer alice" {
-			http.Error(w, "want an authenticated SPDY upgrade, got "+r.Proto, http.StatusBadRequest)
-			return
-		}
-		conn, rw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
-		_ = rw.Flush()
-		line, _ := rw.ReadString('\n')
-		_, _ = rw.WriteString("echo " + line)
-		_ = rw.Flush()
-	}))
-	px := newTestProxyTo(t, &fakeEngine{}, cfg)
+	for name, tc := range map[string]struct {
+		request, upgrade string
+		wantEnded        int
+	}{
+		"exec over SPDY":       {"POST /api/v1/namespaces/ns/pods/p/exec?command=sh HTTP/1.1", "SPDY/3.1", 0},
+		"watch over WebSocket": {"GET /api/v1/namespaces/ns/configmaps?watch=true&resourceVersion=42 HTTP/1.1", "websocket", 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := tlsUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Upgrade") != tc.upgrade || r.Header.Get("Authorization") != "Bearer alice" {
+					http.Error(w, "want an authenticated "+tc.upgrade+" upgrade, got "+r.Proto, http.StatusBadRequest)
+					return
+				}
+				conn, rw, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + tc.upgrade + "\r\n\r\n")
+				_ = rw.Flush()
+				line, _ := rw.ReadString('\n')
+				_, _ = rw.WriteString("echo " + line)
+				_ = rw.Flush()
+			}))
+			engine := &fakeEngine{}
+			px := newTestProxyTo(t, engine, cfg)
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(conn, "POST /api/v1/namespaces/ns/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice\r\n"+
-		"Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n")
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		body, _ := io.ReadAll(resp.Body)
-		t.Fatalf("HTTP %d %s, want 101", resp.StatusCode, body)
-	}
-	_, _ = io.WriteString(conn, "hello\n")
-	if line, err := br.ReadString('\n'); err != nil || line != "echo hello\n" {
-		t.Fatalf("relayed %q, %v; want \"echo hello\\n\"", line, err)
+			conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(conn, tc.request+"\r\nHost: x\r\nAuthorization: Bearer alice\r\n"+
+				"Connection: Upgrade\r\nUpgrade: "+tc.upgrade+"\r\nContent-Length: 0\r\n\r\n")
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusSwitchingProtocols {
+				body, _ := io.ReadAll(resp.Body)
+				t.Fatalf("HTTP %d %s, want 101", resp.StatusCode, body)
+			}
+			_, _ = io.WriteString(conn, "hello\n")
+			if line, err := br.ReadString('\n'); err != nil || line != "echo hello\n" {
+				t.Fatalf("relayed %q, %v; want \"echo hello\\n\"", line, err)
+			}
+			conn.Close()
+			if got := engine.waitEnded(t, tc.wantEnded); len(got) != tc.wantEnded {
+				t.Errorf("the engine heard of %d ended watches, want %d", len(got), tc.wantEnded)
+			}
+			if requests, _, _ := engine.snapshot(); len(requests) != tc.wantEnded {
+				t.Errorf("the engine decided %d requests, want %d", len(requests), tc.wantEnded)
+			}
+		})
 	}
 }
