@@ -5,6 +5,8 @@
 // A request goes through a chain of filters, each shaped
 // func(deps…, next http.Handler) http.Handler and built once by NewServer:
 //
+//	withGrownStack      grows the handler goroutine's stack to 8 KiB once, while it is shallow
+//	                    (stack.go), instead of copying it deep inside the filters
 //	withAuthentication  bearer token, read as kube-apiserver reads it (headers.go; 400 where the two
 //	                    could differ) → service-account JWTs verified locally against the API
 //	                    server's published keys (serviceaccount_tokens.go), every other token by
@@ -19,7 +21,8 @@
 //	withAdmission       engine.Decide: stale version → 200 with one ERROR/410 event in
 //	                    the client's framing; over budget → 429 Status + Retry-After after
 //	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
-//	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass
+//	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
+//	                    admitted watch's 200 headers are sent at once (watchheaders.go)
 //
 // The filters hand what they learn to the next in one requestState in the
 // request's context (context.go): the caller, the budget identity, the
