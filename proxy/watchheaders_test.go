@@ -19,7 +19,28 @@ func TestWatchHeadersFlushA200AtOnce(t *testing.T) {
 			t.Errorf("%d: recorded %d", code, rec.Code)
 		}
 	}
-	if u := (watchHeaders{httptest.NewRecorder()}).Unwrap(); u == nil {
-		t.Error("Unwrap returned nil")
+	rec := httptest.NewRecorder()
+	if err := http.NewResponseController(watchHeaders{rec}).Flush(); err != nil || !rec.Flushed {
+		t.Errorf("a flush through the wrapper: %v, flushed %v", err, rec.Flushed)
+	}
+	if u := (watchHeaders{rec}).Unwrap(); u != rec {
+		t.Error("Unwrap does not return the wrapped writer")
+	}
+}
+
+// BenchmarkWatchHeadersFlush is the reverse proxy's flush after every
+// write of a stream, through the wrapper (found by Unwrap) and straight on
+// the writer: the wrapper costs ~2 ns per event (6.4 against 4.3 ns/op
+// here on 2026-12-03; a FlushError method of its own made it 7.2).
+//
+//	go test -run '^$' -bench BenchmarkWatchHeadersFlush ./proxy/
+func BenchmarkWatchHeadersFlush(b *testing.B) {
+	for name, w := range map[string]http.ResponseWriter{"direct": httptest.NewRecorder(), "watchHeaders": watchHeaders{httptest.NewRecorder()}} {
+		b.Run(name, func(b *testing.B) {
+			flush := http.NewResponseController(w).Flush
+			for b.Loop() {
+				_ = flush()
+			}
+		})
 	}
 }
