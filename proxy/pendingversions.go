@@ -21,6 +21,13 @@ const (
 	// pendingVersionWait is the longest a twin waits for the first
 	// watch's verdict before it goes its own way.
 	pendingVersionWait = 5 * time.Second
+	// maxPendingVersionFirsts is how many firsts a twin waits for: the
+	// one it found and one that took its place. Firsts come and go at a
+	// caller's will (a watch dropped before its answer, one rejected by
+	// its budget), so without a bound a caller that keeps opening and
+	// dropping watches from the version others wait on could hold them
+	// for all of pendingVersionWait.
+	maxPendingVersionFirsts = 2
 	// pendingVersionQuietWindow is the shortest time after the first
 	// watch's 200 without an ERROR event that its version counts as valid.
 	// kube-apiserver writes the ERROR event of a too old version right
@@ -76,8 +83,9 @@ func pendingVersionKey(c *classification) (versionKey, bool) {
 // can teach nothing more, so the newcomer takes its place (a client that
 // closes each watch and opens the next from the same version, as
 // benchmarks and some dashboards do, would otherwise wait for the
-// previous watch's handler to unwind). A twin waits pendingVersionWait at
-// most in all, however many firsts it outlives, then goes its own way.
+// previous watch's handler to unwind). A twin waits for two firsts
+// (maxPendingVersionFirsts) and pendingVersionWait at most, then goes its
+// own way.
 //
 // State is bounded in count (maxPendingVersions) and bytes
 // (maxPendingVersionBytes); when full, watches are not held. It is safe for
@@ -206,8 +214,9 @@ func (p *pendingVersions) len() int {
 // it is decided: it returns the pendingVersion to carry when this watch is
 // the first to ask, nil when it need not ask (the first watch settled the
 // verdict, the table is full, or it waited maxWait in all), and false when
-// its own client left while it waited. The watch asks in the place of
-// every first it waited on that learnt nothing.
+// its own client left while it waited. The watch asks in the place of a
+// first it waited on that learnt nothing, or waits for whoever did: for
+// maxPendingVersionFirsts firsts at most.
 func (p *pendingVersions) hold(ctx context.Context, k versionKey, maxWait time.Duration) (first *pendingVersion, ok bool) {
 	first, wait := p.join(ctx, k)
 	if wait == nil {
@@ -216,7 +225,10 @@ func (p *pendingVersions) hold(ctx context.Context, k versionKey, maxWait time.D
 	watchesHeld.Inc()
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
-	for wait != nil {
+	for firsts := 1; wait != nil; firsts++ {
+		if firsts > maxPendingVersionFirsts {
+			return nil, true
+		}
 		select {
 		case <-wait.done:
 			if wait.settled.Load() {

@@ -341,3 +341,57 @@ func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
 		})
 	}
 }
+
+// A twin waits for at most two firsts: the one it found and one that took
+// its place. A caller that keeps opening and dropping watches from the
+// version others wait on, each taking the first's place before they can,
+// holds them for two of its watches, not for pendingVersionWait.
+func TestATwinWaitsForAtMostTwoFirsts(t *testing.T) {
+	p := newPendingVersions()
+	k := versionKey{resource: "pods", version: 7}
+	firstCtx, leaveFirst := context.WithCancel(context.Background())
+	defer leaveFirst()
+	if f, _ := p.join(firstCtx, k); f == nil {
+		t.Fatal("want a first")
+	}
+	type held struct {
+		first *pendingVersion
+		ok    bool
+	}
+	heldBefore := counterValue(t, watchesHeld)
+	twin := make(chan held, 1)
+	go func() {
+		f, ok := p.hold(context.Background(), k, time.Hour)
+		twin <- held{f, ok}
+	}()
+	for counterValue(t, watchesHeld) == heldBefore {
+		time.Sleep(time.Millisecond)
+	}
+	// takeOver leaves the current first and, in the same step (join, under
+	// the table's lock), puts a new first in its place.
+	takeOver := func(leave context.CancelFunc) context.CancelFunc {
+		leave()
+		ctx, next := context.WithCancel(context.Background())
+		if f, w := p.join(ctx, k); f == nil || w != nil {
+			t.Fatal("the newcomer did not take the place of a first whose client left")
+		}
+		return next
+	}
+	leaveSecond := takeOver(leaveFirst)
+	defer leaveSecond()
+	select {
+	case h := <-twin:
+		t.Fatalf("the twin went on (first=%v ok=%v) while its second first was asking", h.first, h.ok)
+	case <-time.After(50 * time.Millisecond):
+	}
+	leaveThird := takeOver(leaveSecond)
+	defer leaveThird()
+	select {
+	case h := <-twin:
+		if !h.ok || h.first != nil {
+			t.Errorf("after two firsts the twin got first=%v ok=%v, want it to go its own way", h.first, h.ok)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the twin still waits after two firsts left")
+	}
+}
