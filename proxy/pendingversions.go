@@ -141,12 +141,16 @@ func versionKeyBytes(k versionKey) int {
 }
 
 // join returns the pendingVersion to carry when this watch (whose request
-// context is ctx) is the first from key, or the one to wait for
-// (waitVerdict) when another watch is asking; both nil when the table is
-// full.
+// context is ctx) is the first from key, or the one to wait for when
+// another watch is asking; both nil when the table is full.
 func (p *pendingVersions) join(ctx context.Context, k versionKey) (first, wait *pendingVersion) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.joinLocked(ctx, k)
+}
+
+// joinLocked is join; p.mu must be held.
+func (p *pendingVersions) joinLocked(ctx context.Context, k versionKey) (first, wait *pendingVersion) {
 	if pv, ok := p.m[k]; ok {
 		if pv.asker.Err() == nil {
 			return nil, pv

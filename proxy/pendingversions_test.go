@@ -170,18 +170,7 @@ func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	gone, leave := context.WithCancel(context.Background())
 	first, _ := p.join(gone, k)
 	defer first.abandon()
-	type held struct {
-		first *pendingVersion
-		ok    bool
-	}
-	hold := func() chan held {
-		c := make(chan held, 1)
-		go func() {
-			f, ok := p.hold(context.Background(), k, time.Hour)
-			c <- held{f, ok}
-		}()
-		return c
-	}
+	hold := func() <-chan held { return holdInBackground(p, k) }
 	twin := hold()
 	select {
 	case <-twin:
@@ -205,13 +194,36 @@ func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	case <-time.After(20 * time.Millisecond):
 	}
 	next.first.settle()
+	wantGoesOnWithoutAsking(t, second, "after a verdict, the second twin")
+}
+
+type held struct {
+	first *pendingVersion
+	ok    bool
+}
+
+// holdInBackground holds a watch from k with no client deadline and
+// sends what hold returned.
+func holdInBackground(p *pendingVersions, k versionKey) <-chan held {
+	c := make(chan held, 1)
+	go func() {
+		f, ok := p.hold(context.Background(), k, time.Hour)
+		c <- held{f, ok}
+	}()
+	return c
+}
+
+// wantGoesOnWithoutAsking fails unless the held watch went on, within 5s,
+// without being the first to ask.
+func wantGoesOnWithoutAsking(t *testing.T, c <-chan held, who string) {
+	t.Helper()
 	select {
-	case h := <-second:
+	case h := <-c:
 		if !h.ok || h.first != nil {
-			t.Errorf("after a verdict the second twin got first=%v ok=%v, want it to go on without asking", h.first, h.ok)
+			t.Errorf("%s got first=%v ok=%v, want it to go on without asking", who, h.first, h.ok)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the second twin still waits after the verdict")
+		t.Fatalf("%s still waits", who)
 	}
 }
 
@@ -354,25 +366,20 @@ func TestATwinWaitsForAtMostTwoFirsts(t *testing.T) {
 	if f, _ := p.join(firstCtx, k); f == nil {
 		t.Fatal("want a first")
 	}
-	type held struct {
-		first *pendingVersion
-		ok    bool
-	}
 	heldBefore := counterValue(t, watchesHeld)
-	twin := make(chan held, 1)
-	go func() {
-		f, ok := p.hold(context.Background(), k, time.Hour)
-		twin <- held{f, ok}
-	}()
+	twin := holdInBackground(p, k)
 	for counterValue(t, watchesHeld) == heldBefore {
 		time.Sleep(time.Millisecond)
 	}
-	// takeOver leaves the current first and, in the same step (join, under
-	// the table's lock), puts a new first in its place.
+	// takeOver leaves the current first and puts a new first in its
+	// place, under the table's lock: the twin, woken by the leaving, cannot
+	// join in between.
 	takeOver := func(leave context.CancelFunc) context.CancelFunc {
-		leave()
 		ctx, next := context.WithCancel(context.Background())
-		if f, w := p.join(ctx, k); f == nil || w != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		leave()
+		if f, w := p.joinLocked(ctx, k); f == nil || w != nil {
 			t.Fatal("the newcomer did not take the place of a first whose client left")
 		}
 		return next
@@ -382,16 +389,9 @@ func TestATwinWaitsForAtMostTwoFirsts(t *testing.T) {
 	select {
 	case h := <-twin:
 		t.Fatalf("the twin went on (first=%v ok=%v) while its second first was asking", h.first, h.ok)
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(100 * time.Millisecond): // and it has joined the second by now
 	}
 	leaveThird := takeOver(leaveSecond)
 	defer leaveThird()
-	select {
-	case h := <-twin:
-		if !h.ok || h.first != nil {
-			t.Errorf("after two firsts the twin got first=%v ok=%v, want it to go its own way", h.first, h.ok)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the twin still waits after two firsts left")
-	}
+	wantGoesOnWithoutAsking(t, twin, "after two firsts left, the twin")
 }
