@@ -7,6 +7,7 @@ module github.com/watchgate/watchgate/hack/bench
 go 1.26.0
 
 require (
+	github.com/prometheus/common v0.72.0
 	github.com/watchgate/watchgate v0.0.0
 	golang.org/x/sync v0.23.0
 	k8s.io/api v0.37.2
@@ -45,7 +46,6 @@ require (
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect

@@ -18,6 +18,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -322,25 +325,16 @@ func heldWatches(ctx context.Context, addr string) (held, opens float64, err err
 		return 0, 0, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		name, value, ok := strings.Cut(line, " ")
-		if !ok {
-			continue
-		}
-		v, perr := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		switch {
-		case perr != nil:
-		case name == "watchgate_proxy_watches_held_total":
-			held = v
-		case name == "watchgate_proxy_upstream_watch_opens_total":
-			opens = v
-		}
-	}
-	return held, opens, nil
+	return apiserver.Sum(fams, "watchgate_proxy_watches_held_total", nil),
+		apiserver.Sum(fams, "watchgate_proxy_upstream_watch_opens_total", nil), nil
 }
 
 // fetchProfile saves what the pprof URL u answers into file.
