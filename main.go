@@ -364,6 +364,9 @@ func run(ctx context.Context, args []string) error {
 	if err := mgr.Add(srv); err != nil {
 		return err
 	}
+	if err := mgr.Add(proxy.StackBallast{}); err != nil {
+		return err
+	}
 	if o.webhookPort > 0 {
 		if err := setupInjection(mgr, &o); err != nil {
 			return fmt.Errorf("set up injection: %w", err)

@@ -54,6 +54,12 @@
 // failed it) hands over: one twin asks in its place and the others wait for
 // that one, so the storm still costs one upstream WATCH per stale version.
 //
+// StackBallast (stackballast.go), a Runnable main adds to the manager,
+// keeps the runtime's starting stack for new goroutines at the 4 KiB a bare
+// proxy runs at, which the operator's many shallow idle goroutines would
+// otherwise pull down to 2 KiB: net/http's per-request goroutines then
+// grow, and copy, their stacks on every request.
+//
 // Caller-chosen strings in logs are cut (boundedForLog), and a collection
 // GET whose query does not parse is logged by the proxy, sampled, instead of
 // in full by RequestInfoFactory (classification.go).
