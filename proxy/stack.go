@@ -12,15 +12,14 @@ const handlerStackReserve = 4 << 10
 // the chain, before the filters run.
 //
 // A new goroutine starts with the runtime's adaptive starting stack: the
-// average stack in use at the last GC, which in watchgate is 2 KiB (dozens
-// of idle controller and informer goroutines keep the average low; a bare
-// reverse proxy sits at 4 KiB). The handler then outgrows it twice on a
-// watch open, each time by copying every frame below the growth point and
-// adjusting its pointers: make bench measured 5 µs before authentication
-// and 8 µs inside the wait for a pending version, of the ~50 µs watchgate
-// spent before forwarding. One growth here, while the stack holds a few
-// frames, costs under 1 µs; the stack an open watch keeps is the same
-// 8 KiB (make bench's heap profiles: 12.4 KiB of stacks per open watch
+// average stack in use at the last GC, 4 KiB in watchgate with StackBallast
+// (2 KiB without it). The handler outgrows it on a watch open, and growing
+// deep inside the filters copies every frame below the growth point and
+// adjusts its pointers: make bench measured 5 µs before authentication and
+// 8 µs inside the wait for a pending version (at 2 KiB), of the ~50 µs
+// watchgate spent before forwarding. One growth here, while the stack holds
+// a few frames, costs under 1 µs; the stack an open watch keeps is the
+// same 8 KiB (make bench's heap profiles: 12.4 KiB of stacks per open watch
 // either way, the same as the bare proxy's).
 func withGrownStack(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
