@@ -51,8 +51,10 @@
 // twins wait (bounded), then are decided again, so they get the local 410
 // once the engine learnt the version stale, or go upstream. A first watch
 // that learns nothing (its client left, it was rejected, the API server
-// failed it) hands over: one twin asks in its place and the others wait for
-// that one, so the storm still costs one upstream WATCH per stale version.
+// failed it) hands over: the twin that has waited longest asks in its place
+// and the others wait for that one, so the storm still costs one upstream
+// WATCH per stale version, and a watch that comes later cannot take the
+// place of one that waits.
 //
 // StackBallast (stackballast.go), a Runnable main adds to the manager,
 // keeps the runtime's starting stack for new goroutines at the 4 KiB a bare

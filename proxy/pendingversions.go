@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -22,11 +23,11 @@ const (
 	// watch's verdict before it goes its own way.
 	pendingVersionWait = 5 * time.Second
 	// maxPendingVersionFirsts is how many firsts a twin waits for: the
-	// one it found and one that took its place. Firsts come and go at a
-	// caller's will (a watch dropped before its answer, one rejected by
-	// its budget), so without a bound a caller that keeps opening and
-	// dropping watches from the version others wait on could hold them
-	// for all of pendingVersionWait.
+	// one it found and one that took its place. Twins take a first's
+	// place in the order they came, but a caller may have queued watches
+	// ahead of a twin and drop each in turn as it becomes the first, so
+	// without a bound it could hold the twin for all of
+	// pendingVersionWait.
 	maxPendingVersionFirsts = 2
 	// pendingVersionQuietWindow is the shortest time after the first
 	// watch's 200 without an ERROR event that its version counts as valid.
@@ -75,21 +76,23 @@ func pendingVersionKey(c *classification) (versionKey, bool) {
 // an ERROR, or its 200 stayed quiet for pendingVersionQuietWindow, and
 // stale when an ERROR 410 went by (settle). When the first watch learns
 // nothing (its client left, it was rejected, the API server answered
-// another status code, an error other than 410, or nothing at all), its
-// twins ask again (abandon): one of them takes its place as the first and
-// the others wait for that one, so a client that opens a watch from a
-// stale version and drops it at once does not let every twin through. A
-// watch never waits for a first whose client has already left: that watch
-// can teach nothing more, so the newcomer takes its place (a client that
-// closes each watch and opens the next from the same version, as
-// benchmarks and some dashboards do, would otherwise wait for the
-// previous watch's handler to unwind). A twin waits for two firsts
-// (maxPendingVersionFirsts) and pendingVersionWait at most, then goes its
-// own way.
+// another status code, an error other than 410, or nothing at all), it
+// hands over (abandon): the twin that has waited longest asks in its
+// place and the others wait for that one, so a client that opens a watch
+// from a stale version and drops it at once does not let every twin
+// through, and a watch that comes later cannot take the place of one that
+// waits. A watch never waits for a first whose client has already left
+// and whom no twin waits for: that watch can teach nothing more, so the
+// newcomer takes its place (a client that closes each watch and opens the
+// next from the same version, as benchmarks and some dashboards do, would
+// otherwise wait for the previous watch's handler to unwind). A twin waits
+// for two firsts (maxPendingVersionFirsts) and pendingVersionWait at most,
+// then goes its own way.
 //
 // State is bounded in count (maxPendingVersions) and bytes
-// (maxPendingVersionBytes); when full, watches are not held. It is safe for
-// concurrent use.
+// (maxPendingVersionBytes); when full, watches are not held. Waiting twins
+// are kept in the order they came, one small entry each for as long as
+// its request waits. It is safe for concurrent use.
 type pendingVersions struct {
 	mu    sync.Mutex
 	m     map[versionKey]*pendingVersion
@@ -125,11 +128,24 @@ type pendingVersion struct {
 	// first watch will not learn anything more.
 	asker    context.Context
 	done     chan struct{}
-	once     sync.Once
 	resolved atomic.Bool
 	// settled is set before done closes when the first watch learnt the
 	// verdict; otherwise its twins ask again.
 	settled atomic.Bool
+	// twins wait for this version's verdict, in the order they came; the
+	// table's lock guards it.
+	twins []*twin
+}
+
+// twin is a watch waiting in hold; the table's lock guards its fields.
+type twin struct {
+	ctx context.Context
+	// on is the pendingVersion whose twins it is among; nil when it is
+	// not waiting.
+	on *pendingVersion
+	// first is set when a first that learnt nothing handed its place to
+	// this twin: the pendingVersion it now carries.
+	first *pendingVersion
 }
 
 func newPendingVersions() *pendingVersions {
@@ -140,33 +156,44 @@ func versionKeyBytes(k versionKey) int {
 	return len(k.group) + len(k.resource) + pendingVersionOverhead
 }
 
-// join returns the pendingVersion to carry when this watch (whose request
-// context is ctx) is the first from key, or the one to wait for when
-// another watch is asking; both nil when the table is full.
-func (p *pendingVersions) join(ctx context.Context, k versionKey) (first, wait *pendingVersion) {
+// join returns the pendingVersion to carry when tw (the watch whose
+// request context is tw.ctx) is the first from key, or the one it now
+// waits for, among its twins, when another watch is asking; both nil when
+// the table is full.
+func (p *pendingVersions) join(tw *twin, k versionKey) (first, wait *pendingVersion) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.joinLocked(ctx, k)
+	return p.joinLocked(tw, k)
 }
 
 // joinLocked is join; p.mu must be held.
-func (p *pendingVersions) joinLocked(ctx context.Context, k versionKey) (first, wait *pendingVersion) {
+func (p *pendingVersions) joinLocked(tw *twin, k versionKey) (first, wait *pendingVersion) {
+	if pv, ok := p.m[k]; ok && pv.asker.Err() != nil && !pv.resolved.Swap(true) {
+		// Its client left: its place goes to the twin that has waited
+		// longest, if any, and this watch waits for that one.
+		p.resolveLocked(pv, false)
+	}
 	if pv, ok := p.m[k]; ok {
-		if pv.asker.Err() == nil {
-			return nil, pv
-		}
-		// Its client left: release its twins now and take its place.
-		p.forgetLocked(pv)
-		pv.release()
+		// Its client is there, or it is being resolved (which then
+		// releases tw with the others).
+		tw.on = pv
+		pv.twins = append(pv.twins, tw)
+		return nil, pv
 	}
 	n := versionKeyBytes(k)
 	if len(p.m) >= maxPendingVersions || p.bytes+n > maxPendingVersionBytes {
 		return nil, nil
 	}
-	pv := &pendingVersion{owner: p, key: k, asker: ctx, done: make(chan struct{})}
+	return p.addLocked(tw.ctx, k), nil
+}
+
+// addLocked puts a pendingVersion asked by the watch whose request context
+// is asker into the table, which must have room for it. p.mu must be held.
+func (p *pendingVersions) addLocked(asker context.Context, k versionKey) *pendingVersion {
+	pv := &pendingVersion{owner: p, key: k, asker: asker, done: make(chan struct{})}
 	p.m[k] = pv
-	p.bytes += n
-	return pv, nil
+	p.bytes += versionKeyBytes(k)
+	return pv
 }
 
 // settle ends the wait of pv's twins with a verdict: the version is
@@ -175,8 +202,9 @@ func (p *pendingVersions) joinLocked(ctx context.Context, k versionKey) (first, 
 // stream, so later calls must not take the table's lock).
 func (pv *pendingVersion) settle() { pv.resolve(true) }
 
-// abandon ends the wait of pv's twins without a verdict: they ask again.
-// After settle, it does nothing.
+// abandon ends pv's wait without a verdict: the twin that has waited
+// longest asks in its place, the others wait for it. After settle, it
+// does nothing.
 func (pv *pendingVersion) abandon() { pv.resolve(false) }
 
 func (pv *pendingVersion) resolve(settled bool) {
@@ -185,25 +213,48 @@ func (pv *pendingVersion) resolve(settled bool) {
 	}
 	p := pv.owner
 	p.mu.Lock()
-	p.forgetLocked(pv)
-	p.mu.Unlock()
-	if settled {
-		pv.settled.Store(true)
-	}
-	pv.release()
+	defer p.mu.Unlock()
+	p.resolveLocked(pv, settled)
 }
 
-// release closes pv.done once; it takes no lock.
-func (pv *pendingVersion) release() {
-	pv.once.Do(func() { close(pv.done) })
-}
-
-// forgetLocked removes pv from the table unless another watch has taken
-// its key since. p.mu must be held.
-func (p *pendingVersions) forgetLocked(pv *pendingVersion) {
+// resolveLocked takes pv out of the table and releases its twins. With a
+// verdict, all of them; without one, the longest-waiting twin whose client
+// is still there becomes the first of a successor, and the others whose
+// clients are there wait for it. The caller has set pv.resolved; p.mu must
+// be held.
+func (p *pendingVersions) resolveLocked(pv *pendingVersion, settled bool) {
 	if p.m[pv.key] == pv {
 		delete(p.m, pv.key)
 		p.bytes -= versionKeyBytes(pv.key)
+	}
+	if settled {
+		pv.settled.Store(true)
+	}
+	var next *pendingVersion
+	for _, tw := range pv.twins {
+		tw.on = nil
+		switch {
+		case settled || tw.ctx.Err() != nil:
+		case next == nil && p.m[pv.key] == nil:
+			next = p.addLocked(tw.ctx, pv.key)
+			tw.first = next
+		case next != nil:
+			tw.on = next
+			next.twins = append(next.twins, tw)
+		}
+	}
+	clear(pv.twins)
+	pv.twins = nil
+	close(pv.done)
+}
+
+// leaveLocked takes tw out of the twins it waits among. p.mu must be held.
+func (p *pendingVersions) leaveLocked(tw *twin) {
+	if pv := tw.on; pv != nil {
+		if i := slices.Index(pv.twins, tw); i >= 0 {
+			pv.twins = slices.Delete(pv.twins, i, i+1)
+		}
+		tw.on = nil
 	}
 }
 
@@ -218,38 +269,85 @@ func (p *pendingVersions) len() int {
 // it is decided: it returns the pendingVersion to carry when this watch is
 // the first to ask, nil when it need not ask (the first watch settled the
 // verdict, the table is full, or it waited maxWait in all), and false when
-// its own client left while it waited. The watch asks in the place of a
-// first it waited on that learnt nothing, or waits for whoever did: for
-// maxPendingVersionFirsts firsts at most.
+// its own client left while it waited. A twin asks in the place of a first
+// that learnt nothing when it has waited longest, or waits for whoever
+// does: for maxPendingVersionFirsts firsts at most.
 func (p *pendingVersions) hold(ctx context.Context, k versionKey, maxWait time.Duration) (first *pendingVersion, ok bool) {
-	first, wait := p.join(ctx, k)
+	tw := &twin{ctx: ctx}
+	first, wait := p.join(tw, k)
 	if wait == nil {
 		return first, true
 	}
 	watchesHeld.Inc()
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
-	for firsts := 1; wait != nil; firsts++ {
-		if firsts > maxPendingVersionFirsts {
-			return nil, true
-		}
+	firsts := 1
+	for {
+		clientLeft, timedOut := false, false
 		select {
 		case <-wait.done:
-			if wait.settled.Load() {
+		case <-wait.asker.Done():
+			// The first will not learn anything more: hand over now
+			// rather than when its handler unwinds (the HTTP/2 client
+			// that closes a watch and opens the next from the same
+			// version sends the next request before the reset of the
+			// previous one, so the previous one is often still open when
+			// the next joins). If another goroutine is resolving it, that
+			// only waits for the table's lock.
+			wait.abandon()
+			<-wait.done
+		case <-t.C:
+			timedOut = true
+		case <-ctx.Done():
+			clientLeft = true
+		}
+		p.mu.Lock()
+		if tw.first != nil {
+			// Handed the first's place, possibly as the client left or
+			// the wait ran out: it asks, or hands over again.
+			first := tw.first
+			p.mu.Unlock()
+			if clientLeft {
+				first.abandon()
+				return nil, false
+			}
+			return first, true
+		}
+		if clientLeft || timedOut {
+			p.leaveLocked(tw)
+			p.mu.Unlock()
+			return nil, !clientLeft
+		}
+		switch {
+		case wait.settled.Load():
+			p.mu.Unlock()
+			return nil, true
+		case tw.on != nil:
+			// The first handed over to a twin ahead of this one.
+			firsts++
+			if firsts > maxPendingVersionFirsts {
+				p.leaveLocked(tw)
+				p.mu.Unlock()
 				return nil, true
 			}
-		case <-wait.asker.Done():
-		case <-t.C:
-			return nil, true
-		case <-ctx.Done():
+		case ctx.Err() != nil:
+			// Released without a successor while its client left.
+			p.mu.Unlock()
 			return nil, false
+		default:
+			// Released without a successor: ask again.
+			firsts++
+			if firsts > maxPendingVersionFirsts {
+				p.mu.Unlock()
+				return nil, true
+			}
+			f, w := p.joinLocked(tw, k)
+			if w == nil {
+				p.mu.Unlock()
+				return f, true
+			}
 		}
-		// The first learnt nothing, or will not (its client left; the
-		// HTTP/2 client that closes a watch and opens the next from the
-		// same version sends the next request before the reset of the
-		// previous one, so the previous one is often still open when the
-		// next joins): ask in its place, or wait for whoever did.
-		first, wait = p.join(ctx, k)
+		wait = tw.on
+		p.mu.Unlock()
 	}
-	return first, true
 }

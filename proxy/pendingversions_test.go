@@ -105,11 +105,11 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	first, wait := p.join(ctx, k1)
+	first, wait := p.join(&twin{ctx: ctx}, k1)
 	if first == nil || wait != nil {
 		t.Fatal("the first watch must not wait")
 	}
-	if f, w := p.join(ctx, k2); f != nil || w == nil {
+	if f, w := p.join(&twin{ctx: ctx}, k2); f != nil || w == nil {
 		t.Fatal("a twin must wait")
 	}
 	first.settle()
@@ -120,7 +120,7 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 	long := strings.Repeat("r", 64<<10)
 	n := 0
 	for i := range maxPendingVersions + 10 {
-		if f, _ := p.join(ctx, versionKey{resource: long, version: uint64(i + 1)}); f != nil {
+		if f, _ := p.join(&twin{ctx: ctx}, versionKey{resource: long, version: uint64(i + 1)}); f != nil {
 			n++
 		}
 	}
@@ -129,36 +129,115 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 	}
 }
 
-// A watch whose first watch's client has left does not wait: it takes the
-// first's place, and whoever waited on the first is released at once.
-// The first's own late abandon does not remove its successor.
+// A watch whose first watch's client has left, and whom no twin waits
+// for, does not wait: it takes the first's place. The first's own late
+// abandon does not remove its successor.
 func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
 	p := newPendingVersions()
 	k := versionKey{resource: "pods", version: 7}
 	gone, leave := context.WithCancel(context.Background())
-	first, _ := p.join(gone, k)
-	_, twinWait := p.join(context.Background(), k)
-	if first == nil || twinWait == nil {
-		t.Fatal("want a first and a waiting twin")
+	first, _ := p.join(&twin{ctx: gone}, k)
+	if first == nil {
+		t.Fatal("want a first")
 	}
 	leave()
-	next, wait := p.join(context.Background(), k)
+	next, wait := p.join(&twin{ctx: context.Background()}, k)
 	if next == nil || wait != nil {
 		t.Fatalf("after the first's client left: first=%v wait=%v, want a new first that does not wait", next, wait)
 	}
-	select {
-	case <-twinWait.done:
-	default:
-		t.Error("the twin still waits on a first whose client left")
-	}
 	first.abandon() // the old first's handler unwinds late
-	if _, w := p.join(context.Background(), k); w == nil {
+	twinCtx, twinLeaves := context.WithCancel(context.Background())
+	if _, w := p.join(&twin{ctx: twinCtx}, k); w != next {
 		t.Error("the old first's abandon removed its successor")
 	}
+	twinLeaves() // so that next's abandon hands its place to nobody
 	next.abandon()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Errorf("%d entries, %d bytes left", p.len(), p.bytes)
 	}
+}
+
+// The place of a first that learns nothing goes to the twin that has
+// waited longest, never to a watch that comes later: a caller that drops
+// its first watch and opens the next at once does not get in front of
+// the twins that waited. The others wait for the new first, and a twin
+// stops waiting after two firsts.
+func TestTheLongestWaitingTwinAsksNext(t *testing.T) {
+	p := newPendingVersions()
+	k := versionKey{resource: "pods", version: 7}
+	gone, leave := context.WithCancel(context.Background())
+	first, _ := p.join(&twin{ctx: gone}, k)
+	defer first.abandon()
+	twins := make([]<-chan held, 3)
+	for i := range twins {
+		twins[i] = holdJoined(t, p, k)
+	}
+	// The first's client leaves and a newcomer from the same caller asks
+	// at once, as an HTTP/2 client that closes a watch and opens the next
+	// does: the newcomer finds the first gone under the table's lock,
+	// before any twin is scheduled.
+	p.mu.Lock()
+	leave()
+	newcomer := &twin{ctx: context.Background()}
+	if f, w := p.joinLocked(newcomer, k); f != nil || w == nil {
+		p.mu.Unlock()
+		t.Fatalf("the newcomer got first=%v wait=%v, want it to wait behind the twins", f, w)
+	}
+	p.mu.Unlock()
+	oldest := wantAsks(t, twins[0], "the longest-waiting twin")
+	wantWaits(t, twins[1], "the second twin")
+	wantWaits(t, twins[2], "the third twin")
+	oldest.abandon() // it learnt nothing either
+	second := wantAsks(t, twins[1], "the second twin")
+	// The third has now waited for two firsts: the one it found and the
+	// oldest twin; it does not wait for a third.
+	wantGoesOnWithoutAsking(t, twins[2], "after two firsts, the third twin")
+	second.settle()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if newcomer.on != nil || newcomer.first != nil {
+		t.Errorf("the newcomer is still among twins (%v) or asks (%v) after a verdict", newcomer.on, newcomer.first)
+	}
+	if len(p.m) != 0 || p.bytes != 0 {
+		t.Errorf("%d entries, %d bytes left", len(p.m), p.bytes)
+	}
+}
+
+// A twin whose client leaves, or whose wait runs out, leaves the line: it
+// is not handed the first's place, and it is not kept. Nor is one whose
+// client has left but that has not yet stepped out of the line.
+func TestATwinThatLeavesIsNotHandedThePlace(t *testing.T) {
+	p := newPendingVersions()
+	k := versionKey{resource: "pods", version: 7}
+	first, _ := p.join(&twin{ctx: context.Background()}, k)
+	ctx, leave := context.WithCancel(context.Background())
+	left := holdJoinedWith(t, p, k, ctx, time.Hour)
+	timedOut := holdJoinedWith(t, p, k, context.Background(), 50*time.Millisecond)
+	goneCtx, gone := context.WithCancel(context.Background())
+	notYetOut := &twin{ctx: goneCtx}
+	if _, w := p.join(notYetOut, k); w == nil {
+		t.Fatal("want the twin to wait")
+	}
+	stays := holdJoined(t, p, k)
+	gone()
+	leave()
+	if h := <-left; h.ok || h.first != nil {
+		t.Errorf("the twin whose client left got first=%v ok=%v, want ok=false", h.first, h.ok)
+	}
+	if h := <-timedOut; !h.ok || h.first != nil {
+		t.Errorf("the twin whose wait ran out got first=%v ok=%v, want to go on without asking", h.first, h.ok)
+	}
+	first.abandon()
+	next := wantAsks(t, stays, "the twin that stayed")
+	p.mu.Lock()
+	if n := len(p.m[k].twins); n != 0 {
+		t.Errorf("%d twins kept, want none", n)
+	}
+	if notYetOut.first != nil || notYetOut.on != nil {
+		t.Errorf("the twin whose client left was handed the place (%v) or kept waiting (%v)", notYetOut.first, notYetOut.on)
+	}
+	p.mu.Unlock()
+	next.settle()
 }
 
 // A twin that is already waiting asks in the first's place as soon as the
@@ -168,7 +247,7 @@ func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	p := newPendingVersions()
 	k := versionKey{resource: "pods", version: 7}
 	gone, leave := context.WithCancel(context.Background())
-	first, _ := p.join(gone, k)
+	first, _ := p.join(&twin{ctx: gone}, k)
 	defer first.abandon()
 	hold := func() <-chan held { return holdInBackground(p, k) }
 	twin := hold()
@@ -213,6 +292,66 @@ func holdInBackground(p *pendingVersions, k versionKey) <-chan held {
 	return c
 }
 
+// holdJoined holds a watch from k in the background and returns once it
+// waits among the twins.
+func holdJoined(t *testing.T, p *pendingVersions, k versionKey) <-chan held {
+	t.Helper()
+	return holdJoinedWith(t, p, k, context.Background(), time.Hour)
+}
+
+// holdJoinedWith is holdJoined for a client context and a longest wait.
+func holdJoinedWith(t *testing.T, p *pendingVersions, k versionKey, ctx context.Context, maxWait time.Duration) <-chan held {
+	t.Helper()
+	waiting := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if pv := p.m[k]; pv != nil {
+			return len(pv.twins)
+		}
+		return 0
+	}
+	before := waiting()
+	c := make(chan held, 1)
+	go func() {
+		f, ok := p.hold(ctx, k, maxWait)
+		c <- held{f, ok}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for waiting() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not join the twins")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return c
+}
+
+// wantAsks fails unless the held watch went on, within 5s, as the first
+// to ask, and returns what it carries.
+func wantAsks(t *testing.T, c <-chan held, who string) *pendingVersion {
+	t.Helper()
+	select {
+	case h := <-c:
+		if !h.ok || h.first == nil {
+			t.Fatalf("%s got first=%v ok=%v, want it to ask", who, h.first, h.ok)
+		}
+		return h.first
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s still waits", who)
+	}
+	return nil
+}
+
+// wantWaits fails if the held watch goes on within 20ms.
+func wantWaits(t *testing.T, c <-chan held, who string) {
+	t.Helper()
+	select {
+	case h := <-c:
+		t.Fatalf("%s went on (first=%v ok=%v), want it to wait", who, h.first, h.ok)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
 // wantGoesOnWithoutAsking fails unless the held watch went on, within 5s,
 // without being the first to ask.
 func wantGoesOnWithoutAsking(t *testing.T, c <-chan held, who string) {
@@ -232,7 +371,7 @@ func wantGoesOnWithoutAsking(t *testing.T, c <-chan held, who string) {
 func TestATwinsWaitIsBounded(t *testing.T) {
 	p := newPendingVersions()
 	k := versionKey{resource: "pods", version: 7}
-	first, _ := p.join(context.Background(), k)
+	first, _ := p.join(&twin{ctx: context.Background()}, k)
 	defer first.abandon()
 	start := time.Now()
 	if f, ok := p.hold(context.Background(), k, 30*time.Millisecond); f != nil || !ok {
@@ -355,43 +494,21 @@ func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
 }
 
 // A twin waits for at most two firsts: the one it found and one that took
-// its place. A caller that keeps opening and dropping watches from the
-// version others wait on, each taking the first's place before they can,
-// holds them for two of its watches, not for pendingVersionWait.
+// its place. A caller that queued watches from the version ahead of the
+// twin and drops each as it becomes the first holds the twin for two of
+// them, not for pendingVersionWait.
 func TestATwinWaitsForAtMostTwoFirsts(t *testing.T) {
 	p := newPendingVersions()
 	k := versionKey{resource: "pods", version: 7}
-	firstCtx, leaveFirst := context.WithCancel(context.Background())
-	defer leaveFirst()
-	if f, _ := p.join(firstCtx, k); f == nil {
-		t.Fatal("want a first")
-	}
-	heldBefore := counterValue(t, watchesHeld)
-	twin := holdInBackground(p, k)
-	for counterValue(t, watchesHeld) == heldBefore {
-		time.Sleep(time.Millisecond)
-	}
-	// takeOver leaves the current first and puts a new first in its
-	// place, under the table's lock: the twin, woken by the leaving, cannot
-	// join in between.
-	takeOver := func(leave context.CancelFunc) context.CancelFunc {
-		ctx, next := context.WithCancel(context.Background())
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		leave()
-		if f, w := p.joinLocked(ctx, k); f == nil || w != nil {
-			t.Fatal("the newcomer did not take the place of a first whose client left")
-		}
-		return next
-	}
-	leaveSecond := takeOver(leaveFirst)
-	defer leaveSecond()
-	select {
-	case h := <-twin:
-		t.Fatalf("the twin went on (first=%v ok=%v) while its second first was asking", h.first, h.ok)
-	case <-time.After(100 * time.Millisecond): // and it has joined the second by now
-	}
-	leaveThird := takeOver(leaveSecond)
-	defer leaveThird()
+	first, _ := p.join(&twin{ctx: context.Background()}, k)
+	defer first.abandon()
+	callers := []<-chan held{holdJoined(t, p, k), holdJoined(t, p, k)}
+	twin := holdJoined(t, p, k)
+	first.abandon()
+	second := wantAsks(t, callers[0], "the caller's first queued watch")
+	wantWaits(t, twin, "the twin, while its second first asks,")
+	second.abandon()
+	third := wantAsks(t, callers[1], "the caller's second queued watch")
+	defer third.abandon()
 	wantGoesOnWithoutAsking(t, twin, "after two firsts left, the twin")
 }
