@@ -250,16 +250,16 @@ func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	first, _ := p.join(&twin{ctx: gone}, k)
 	defer first.abandon()
 	hold := func() <-chan held { return holdInBackground(p, k) }
-	twin := hold()
+	waiting := hold()
 	select {
-	case <-twin:
+	case <-waiting:
 		t.Fatal("the twin went on while the first's client was there")
 	case <-time.After(20 * time.Millisecond):
 	}
 	leave()
 	var next held
 	select {
-	case next = <-twin:
+	case next = <-waiting:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the twin still waits after the first's client left")
 	}
@@ -503,12 +503,12 @@ func TestATwinWaitsForAtMostTwoFirsts(t *testing.T) {
 	first, _ := p.join(&twin{ctx: context.Background()}, k)
 	defer first.abandon()
 	callers := []<-chan held{holdJoined(t, p, k), holdJoined(t, p, k)}
-	twin := holdJoined(t, p, k)
+	waiting := holdJoined(t, p, k)
 	first.abandon()
 	second := wantAsks(t, callers[0], "the caller's first queued watch")
-	wantWaits(t, twin, "the twin, while its second first asks,")
+	wantWaits(t, waiting, "the twin, while its second first asks,")
 	second.abandon()
 	third := wantAsks(t, callers[1], "the caller's second queued watch")
 	defer third.abandon()
-	wantGoesOnWithoutAsking(t, twin, "after two firsts left, the twin")
+	wantGoesOnWithoutAsking(t, waiting, "after two firsts left, the twin")
 }
