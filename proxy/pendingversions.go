@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -134,7 +133,7 @@ type pendingVersion struct {
 	settled atomic.Bool
 	// twins wait for this version's verdict, in the order they came; the
 	// table's lock guards it.
-	twins []*twin
+	twins twinLine
 }
 
 // twin is a watch waiting in hold; the table's lock guards its fields.
@@ -146,6 +145,46 @@ type twin struct {
 	// first is set when a first that learnt nothing handed its place to
 	// this twin: the pendingVersion it now carries.
 	first *pendingVersion
+	// prev and next link it into on's twinLine.
+	prev, next *twin
+}
+
+// twinLine is the twins waiting for one pendingVersion, in the order they
+// came: a list linked through the twins themselves, so that one twin
+// leaving costs the same however many wait (a caller that opens thousands
+// of twins and drops them one by one must not hold the table's lock, which
+// every watch from an explicit version takes, for longer each time).
+type twinLine struct {
+	head, tail *twin
+	n          int
+}
+
+// push puts tw at the end of the line.
+func (l *twinLine) push(tw *twin) {
+	tw.prev, tw.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = tw
+	} else {
+		l.head = tw
+	}
+	l.tail = tw
+	l.n++
+}
+
+// remove takes tw, which must be in the line, out of it.
+func (l *twinLine) remove(tw *twin) {
+	if tw.prev != nil {
+		tw.prev.next = tw.next
+	} else {
+		l.head = tw.next
+	}
+	if tw.next != nil {
+		tw.next.prev = tw.prev
+	} else {
+		l.tail = tw.prev
+	}
+	tw.prev, tw.next = nil, nil
+	l.n--
 }
 
 func newPendingVersions() *pendingVersions {
@@ -177,7 +216,7 @@ func (p *pendingVersions) joinLocked(tw *twin, k versionKey) (first, wait *pendi
 		// Its client is there, or it is being resolved (which then
 		// releases tw with the others).
 		tw.on = pv
-		pv.twins = append(pv.twins, tw)
+		pv.twins.push(tw)
 		return nil, pv
 	}
 	n := versionKeyBytes(k)
@@ -231,8 +270,9 @@ func (p *pendingVersions) resolveLocked(pv *pendingVersion, settled bool) {
 		pv.settled.Store(true)
 	}
 	var next *pendingVersion
-	for _, tw := range pv.twins {
-		tw.on = nil
+	for tw := pv.twins.head; tw != nil; {
+		after := tw.next
+		tw.on, tw.prev, tw.next = nil, nil, nil
 		switch {
 		case settled || tw.ctx.Err() != nil:
 		case next == nil && p.m[pv.key] == nil:
@@ -240,20 +280,18 @@ func (p *pendingVersions) resolveLocked(pv *pendingVersion, settled bool) {
 			tw.first = next
 		case next != nil:
 			tw.on = next
-			next.twins = append(next.twins, tw)
+			next.twins.push(tw)
 		}
+		tw = after
 	}
-	clear(pv.twins)
-	pv.twins = nil
+	pv.twins = twinLine{}
 	close(pv.done)
 }
 
 // leaveLocked takes tw out of the twins it waits among. p.mu must be held.
 func (p *pendingVersions) leaveLocked(tw *twin) {
 	if pv := tw.on; pv != nil {
-		if i := slices.Index(pv.twins, tw); i >= 0 {
-			pv.twins = slices.Delete(pv.twins, i, i+1)
-		}
+		pv.twins.remove(tw)
 		tw.on = nil
 	}
 }

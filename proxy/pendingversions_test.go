@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,13 +134,7 @@ func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
 // for, does not wait: it takes the first's place. The first's own late
 // abandon does not remove its successor.
 func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
-	p := newPendingVersions()
-	k := versionKey{resource: "pods", version: 7}
-	gone, leave := context.WithCancel(context.Background())
-	first, _ := p.join(&twin{ctx: gone}, k)
-	if first == nil {
-		t.Fatal("want a first")
-	}
+	p, k, first, leave := firstThatLeaves(t)
 	leave()
 	next, wait := p.join(&twin{ctx: context.Background()}, k)
 	if next == nil || wait != nil {
@@ -163,10 +158,7 @@ func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
 // the twins that waited. The others wait for the new first, and a twin
 // stops waiting after two firsts.
 func TestTheLongestWaitingTwinAsksNext(t *testing.T) {
-	p := newPendingVersions()
-	k := versionKey{resource: "pods", version: 7}
-	gone, leave := context.WithCancel(context.Background())
-	first, _ := p.join(&twin{ctx: gone}, k)
+	p, k, first, leave := firstThatLeaves(t)
 	defer first.abandon()
 	twins := make([]<-chan held, 3)
 	for i := range twins {
@@ -230,7 +222,7 @@ func TestATwinThatLeavesIsNotHandedThePlace(t *testing.T) {
 	first.abandon()
 	next := wantAsks(t, stays, "the twin that stayed")
 	p.mu.Lock()
-	if n := len(p.m[k].twins); n != 0 {
+	if n := p.m[k].twins.n; n != 0 {
 		t.Errorf("%d twins kept, want none", n)
 	}
 	if notYetOut.first != nil || notYetOut.on != nil {
@@ -244,10 +236,7 @@ func TestATwinThatLeavesIsNotHandedThePlace(t *testing.T) {
 // first watch's client leaves, before the first watch's handler has
 // unwound; a second twin then waits for it, and goes on with its verdict.
 func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
-	p := newPendingVersions()
-	k := versionKey{resource: "pods", version: 7}
-	gone, leave := context.WithCancel(context.Background())
-	first, _ := p.join(&twin{ctx: gone}, k)
+	p, k, first, leave := firstThatLeaves(t)
 	defer first.abandon()
 	hold := func() <-chan held { return holdInBackground(p, k) }
 	waiting := hold()
@@ -274,6 +263,58 @@ func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	}
 	next.first.settle()
 	wantGoesOnWithoutAsking(t, second, "after a verdict, the second twin")
+}
+
+// firstThatLeaves returns a table holding a first watch from pods at
+// version 7, whose client leaves when leave is called.
+func firstThatLeaves(t *testing.T) (p *pendingVersions, k versionKey, first *pendingVersion, leave context.CancelFunc) {
+	t.Helper()
+	p = newPendingVersions()
+	k = versionKey{resource: "pods", version: 7}
+	gone, leave := context.WithCancel(context.Background())
+	t.Cleanup(leave)
+	if first, _ = p.join(&twin{ctx: gone}, k); first == nil {
+		t.Fatal("want a first")
+	}
+	return p, k, first, leave
+}
+
+// A line of twins keeps the order they came in, whichever of them leave.
+func TestTwinLineKeepsTheOrder(t *testing.T) {
+	for name, tc := range map[string]struct {
+		leave []int
+		want  []int
+	}{
+		"nobody leaves":        {nil, []int{0, 1, 2, 3}},
+		"the head leaves":      {[]int{0}, []int{1, 2, 3}},
+		"one in the middle":    {[]int{2}, []int{0, 1, 3}},
+		"the tail leaves":      {[]int{3}, []int{0, 1, 2}},
+		"all leave, head last": {[]int{3, 1, 2, 0}, nil},
+		"the tail twice":       {[]int{3, 2}, []int{0, 1}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var l twinLine
+			tws := make([]*twin, 4)
+			for i := range tws {
+				tws[i] = &twin{}
+				l.push(tws[i])
+			}
+			for _, i := range tc.leave {
+				l.remove(tws[i])
+			}
+			var got []int
+			for tw := l.head; tw != nil; tw = tw.next {
+				got = append(got, slices.Index(tws, tw))
+			}
+			var back []int
+			for tw := l.tail; tw != nil; tw = tw.prev {
+				back = append([]int{slices.Index(tws, tw)}, back...)
+			}
+			if !slices.Equal(got, tc.want) || !slices.Equal(back, tc.want) || l.n != len(tc.want) {
+				t.Errorf("line %v (from the tail %v, n=%d), want %v", got, back, l.n, tc.want)
+			}
+		})
+	}
 }
 
 type held struct {
@@ -306,7 +347,7 @@ func holdJoinedWith(t *testing.T, p *pendingVersions, k versionKey, ctx context.
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if pv := p.m[k]; pv != nil {
-			return len(pv.twins)
+			return pv.twins.n
 		}
 		return 0
 	}
