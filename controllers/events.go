@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
-	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -140,7 +139,7 @@ func (t *ThrottleEvents) record(ctx context.Context, e throttled) error {
 	if e.dryRun {
 		action, note = actionDryRun, "Would reject requests of %q (DryRun: admitted): %s"
 	}
-	t.recorder.Eventf(&wb, identityRef(e.user), corev1.EventTypeWarning, string(e.reason), action, note, user, describeReason(e.reason))
+	t.recorder.Eventf(&wb, identityRef(e.user), corev1.EventTypeWarning, string(e.reason), action, note, user, e.reason.Text())
 	throttleEventsTotal.WithLabelValues("recorded").Inc()
 	return nil
 }
@@ -155,7 +154,3 @@ func identityRef(user string) *corev1.ObjectReference {
 	}
 	return &corev1.ObjectReference{Kind: "User", APIVersion: rbacv1.SchemeGroupVersion.String(), Name: user}
 }
-
-// describeReason says what a reason means, for an Event's note: the words
-// the client's 429 uses too.
-func describeReason(r ratelimit.Reason) string { return proxy.ReasonText(r) }

@@ -218,7 +218,7 @@ func (a *admission) delay(ctx context.Context, retryAfter time.Duration) bool {
 // details.retryAfterSeconds (at least 1).
 func tooManyRequests(d ratelimit.Decision) *apierrors.StatusError {
 	secs := retryAfterSeconds(d.RetryAfter)
-	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", ReasonText(d.Reason), d.Budget, secs), secs)
+	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", d.Reason.Text(), d.Budget, secs), secs)
 }
 
 func retryAfterSeconds(d time.Duration) int {

@@ -68,6 +68,25 @@ const (
 	ReasonAllowed Reason = "Allowed"
 )
 
+// reasonTexts says, in a few words, why a request was rejected.
+var reasonTexts = map[Reason]string{
+	ReasonRateLimited:          "too many watch or list requests",
+	ReasonTooManyWatches:       "too many open watches",
+	ReasonBackingOff:           "watches keep failing, backing off",
+	ReasonStaleResourceVersion: "resubscribing with a resourceVersion the API server declared too old",
+}
+
+// Text says, in a few words, why a request was rejected for reason r (the
+// reason itself when it is not one of the engine's): the start of a 429's
+// message and the note of the budget's Event, so that the client and the
+// operator read the same words.
+func (r Reason) Text() string {
+	if t, ok := reasonTexts[r]; ok {
+		return t
+	}
+	return string(r)
+}
+
 // StaleRepeatHold is the least RetryAfter of a stale answer that repeats
 // one: an Enforce budget answers a watch ReasonStaleResourceVersion with
 // RetryAfter 0 the first time, and at least StaleRepeatHold when the same
