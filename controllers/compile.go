@@ -11,7 +11,7 @@ import (
 )
 
 // Defaults the CRD applies (see the +kubebuilder:default markers in
-// api/v1alpha1; TestAPIServerDefaults checks they agree). ToBudget applies
+// api/v1alpha1; TestAPIServerDefaults checks they agree). convert applies
 // them to fields that are unset, so that an object that bypassed defaulting
 // (a unit test, an object stored before a field existed) means what the
 // documentation says.
@@ -32,7 +32,10 @@ const (
 
 // Compiled is the outcome of compiling a set of WatchBudgets.
 type Compiled struct {
-	// Budgets are the valid budgets, ready for ratelimit.NewPolicy.
+	// Policy is compiled from the valid budgets.
+	Policy *ratelimit.Policy
+	// Budgets are the valid budgets, as converted (the engine's defaults
+	// are the Policy's).
 	Budgets []ratelimit.Budget
 	// Generations maps each valid budget's name to the generation compiled.
 	Generations map[string]int64
@@ -40,34 +43,67 @@ type Compiled struct {
 	Invalid map[string]error
 }
 
-// Compile converts and validates every budget; invalid ones are reported in
-// Invalid and left out, so that one bad budget never disables the others. A
-// budget being deleted is enforced until it is gone.
+// Compile converts every budget and compiles the valid ones into a Policy
+// (ratelimit.CompileValid, where each is validated); invalid ones are
+// reported in Invalid, in the words ToBudget uses, and left out, so that one
+// bad budget never disables the others. A budget being deleted is enforced
+// until it is gone.
 func Compile(wbs []v1alpha1.WatchBudget) Compiled {
 	c := Compiled{Generations: make(map[string]int64, len(wbs)), Invalid: map[string]error{}}
+	budgets := make([]ratelimit.Budget, 0, len(wbs))
+	generations := make([]int64, 0, len(wbs))
 	for i := range wbs {
 		wb := &wbs[i]
-		b, err := ToBudget(wb)
-		if err != nil {
-			c.Invalid[wb.Name] = err
+		b := convert(wb)
+		if errs := unconvertible(&b); len(errs) > 0 {
+			if err := b.Validate(); err != nil {
+				errs = append(errs, err)
+			}
+			c.Invalid[wb.Name] = joinErrors(errs)
+			continue
+		}
+		budgets = append(budgets, b)
+		generations = append(generations, wb.Generation)
+	}
+	p, invalid := ratelimit.CompileValid(budgets)
+	c.Policy = p
+	for i, b := range budgets {
+		if invalid != nil && invalid[i] != nil {
+			c.Invalid[b.Name] = joinErrors(invalid[i : i+1])
 			continue
 		}
 		c.Budgets = append(c.Budgets, b)
-		c.Generations[wb.Name] = wb.Generation
+		c.Generations[b.Name] = generations[i]
 	}
 	return c
 }
 
-// ToBudget converts a WatchBudget into the engine's Budget, applying the
-// CRD's defaults to unset fields (the one place they are applied in Go: an
-// object that bypassed the API server's defaulting, a unit test or one
-// stored before a field existed, means what the documentation says), and
-// validates it with the engine's Budget.Validate, the one Go check, whose
-// bounds are the CRD's. The API server enforces the same rules through the
-// CRD; checking here covers objects stored under an older or hand-edited
-// CRD. The error is one line, field paths those of the spec, ready for a
+// ToBudget converts a WatchBudget into the engine's Budget and validates
+// it with the engine's Budget.Validate, the one Go check, whose bounds are
+// the CRD's. The API server enforces the same rules through the CRD;
+// checking here covers objects stored under an older or hand-edited CRD.
+// The error is one line, field paths those of the spec, ready for a
 // condition message.
 func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
+	b := convert(wb)
+	errs := unconvertible(&b)
+	if err := b.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return ratelimit.Budget{}, joinErrors(errs)
+	}
+	return b, nil
+}
+
+// convert maps a WatchBudget's spec onto the engine's Budget, applying the
+// CRD's defaults to unset fields (the one place they are applied in Go: an
+// object that bypassed the API server's defaulting, a unit test or one
+// stored before a field existed, means what the documentation says). The
+// enumerations the CRD defaults (enforcement, staleVersions.action) are left
+// empty when unset: empty means the same default in the engine, which
+// applies it.
+func convert(wb *v1alpha1.WatchBudget) ratelimit.Budget {
 	s := &wb.Spec
 	l, bo, sv := &s.Limits, &s.Backoff, &s.StaleVersions
 	b := ratelimit.Budget{
@@ -98,27 +134,13 @@ func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
 	if b.Precedence == 0 {
 		b.Precedence = defaultPrecedence
 	}
-	if b.Enforcement == "" {
-		b.Enforcement = ratelimit.Enforce
-	}
-	if b.StaleVersions.Action == "" {
-		b.StaleVersions.Action = ratelimit.StaleReject
-	}
 	for _, sub := range s.Subjects {
 		b.Subjects = append(b.Subjects, ratelimit.Subject{Kind: ratelimit.SubjectKind(sub.Kind), Name: sub.Name, Namespace: sub.Namespace})
 	}
 	for _, r := range s.Resources {
 		b.Resources = append(b.Resources, ratelimit.ResourceRule{APIGroups: r.APIGroups, Resources: r.Resources, Namespaces: r.Namespaces})
 	}
-
-	errs := unconvertible(&b)
-	if err := b.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		return ratelimit.Budget{}, joinErrors(errs)
-	}
-	return b, nil
+	return b
 }
 
 // unconvertible reports the values the CRD refuses whose conversion the

@@ -62,17 +62,23 @@ func TestToBudgetDefaultsUnsetFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Enforcement and staleVersions.action stay empty: the engine's empty
+	// means the CRD's default, and the engine applies it.
 	want := ratelimit.Budget{
-		Name: "empty", Precedence: 1000, Enforcement: ratelimit.Enforce,
+		Name: "empty", Precedence: 1000,
 		Limits:        ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1, ListBurst: 10},
 		Backoff:       ratelimit.Backoff{Initial: time.Second, Max: time.Minute, ShortWatch: 10 * time.Second, ResetAfter: 2 * time.Minute},
-		StaleVersions: ratelimit.StaleVersions{Action: ratelimit.StaleReject, Memory: 15 * time.Minute},
+		StaleVersions: ratelimit.StaleVersions{Memory: 15 * time.Minute},
 	}
 	if !equalBudgets(got, want) {
 		t.Errorf("ToBudget:\n got %+v\nwant %+v", got, want)
 	}
-	if _, err := ratelimit.NewPolicy([]ratelimit.Budget{got}); err != nil {
-		t.Errorf("the defaults do not make a valid policy: %v", err)
+	p, err := ratelimit.NewPolicy([]ratelimit.Budget{got})
+	if err != nil {
+		t.Fatalf("the defaults do not make a valid policy: %v", err)
+	}
+	if b := p.Budgets()[0]; b.Enforcement != ratelimit.Enforce || b.StaleVersions.Action != ratelimit.StaleReject {
+		t.Errorf("enforced as %q, stale versions %q; want the CRD's defaults Enforce and Reject", b.Enforcement, b.StaleVersions.Action)
 	}
 }
 
@@ -170,6 +176,13 @@ func TestCompileLeavesInvalidBudgetsOut(t *testing.T) {
 	}
 	if _, err := ratelimit.NewPolicy(c.Budgets); err != nil {
 		t.Errorf("NewPolicy(valid budgets) = %v", err)
+	}
+	if got := c.Policy.Budgets(); len(got) != 1 || got[0].Name != "good" {
+		t.Errorf("Policy holds %+v, want only good", got)
+	}
+	_, want := ToBudget(&v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: v1alpha1.WatchBudgetSpec{Enforcement: "Nope"}})
+	if c.Invalid["bad"] == nil || want == nil || c.Invalid["bad"].Error() != want.Error() {
+		t.Errorf("Invalid[bad] = %v, want ToBudget's words %v", c.Invalid["bad"], want)
 	}
 }
 

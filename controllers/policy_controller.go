@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
-	"github.com/watchgate/watchgate/ratelimit"
 )
 
 // +kubebuilder:rbac:groups=watchgate.io,resources=watchbudgets,verbs=get;list;watch
@@ -82,12 +81,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 		return ctrl.Result{}, fmt.Errorf("list WatchBudgets: %w", err)
 	}
 	c := Compile(list.Items)
-	p, err := ratelimit.NewPolicy(c.Budgets)
-	if err != nil {
-		// Every budget passed Validate, so this is a bug; keep the old policy.
-		return ctrl.Result{}, fmt.Errorf("compile policy: %w", err)
-	}
-	r.Engine.SetPolicy(r.Clock.Now(), p)
+	r.Engine.SetPolicy(r.Clock.Now(), c.Policy)
 	r.loaded.Store(&c)
 	policyLoadsTotal.Inc()
 	budgetsLoaded.WithLabelValues("Ready").Set(float64(len(c.Budgets)))

@@ -7,34 +7,56 @@ import (
 	"strings"
 )
 
-// NewPolicy validates and compiles budgets. It returns an error naming every
-// invalid budget (see Budget.Validate) and every duplicated name; an error
-// means no Policy at all, so a caller that must not let one bad budget
-// disturb the others (the controller) validates each first and leaves the
-// bad ones out.
+// NewPolicy validates and compiles budgets, all or nothing: it returns an
+// error naming every invalid budget (see Budget.Validate) and every
+// duplicated name, and then no Policy at all. CompileValid is the same for a
+// caller that must not let one bad budget disturb the others (the
+// controller).
 //
 // The budgets are copied: changing them afterwards does not change the
 // Policy. Empty Enforcement becomes Enforce, empty StaleVersions.Action
-// becomes StaleReject and empty StaleVersions.Match StaleMatchAtOrBelow.
+// becomes StaleReject and empty StaleVersions.Match StaleMatchAtOrBelow:
+// this is the one place these defaults are applied.
 func NewPolicy(budgets []Budget) (*Policy, error) {
+	p, invalid := CompileValid(budgets)
+	if invalid == nil {
+		return p, nil
+	}
 	var errs []error
+	for i, err := range invalid {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("budget %q: %w", budgets[i].Name, err))
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// CompileValid validates each budget, once, and compiles the valid ones
+// into a Policy, leaving out the others: invalid[i] says why budgets[i] was
+// left out (every problem with it, see Budget.Validate, or a name an
+// earlier budget already holds); invalid is nil when every budget is in.
+// The copies and defaults are NewPolicy's.
+func CompileValid(budgets []Budget) (p *Policy, invalid []error) {
 	named := make(map[string]bool, len(budgets))
-	p := &Policy{budgets: make([]Budget, 0, len(budgets))}
+	p = &Policy{budgets: make([]Budget, 0, len(budgets))}
+	leaveOut := func(i int, err error) {
+		if invalid == nil {
+			invalid = make([]error, len(budgets))
+		}
+		invalid[i] = err
+	}
 	for i := range budgets {
 		b := budgets[i]
 		if err := b.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("budget %q: %w", b.Name, err))
+			leaveOut(i, err)
 			continue
 		}
 		if named[b.Name] {
-			errs = append(errs, fmt.Errorf("budget %q: name: duplicate", b.Name))
+			leaveOut(i, &FieldError{Path: "name", Detail: "duplicate"})
 			continue
 		}
 		named[b.Name] = true
 		p.budgets = append(p.budgets, compileBudget(b))
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
 	}
 	slices.SortFunc(p.budgets, func(a, b Budget) int {
 		if a.Precedence != b.Precedence {
@@ -53,7 +75,7 @@ func NewPolicy(budgets []Budget) (*Policy, error) {
 			subjects:         nilIfEmpty(compileSubjects(b.Subjects)),
 		}
 	}
-	return p, nil
+	return p, invalid
 }
 
 // compileBudget deep-copies b and fills in defaults.

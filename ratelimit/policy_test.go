@@ -115,6 +115,40 @@ func TestNewPolicy(t *testing.T) {
 	}
 }
 
+// CompileValid keeps the valid budgets and says why each other one is out;
+// NewPolicy refuses the same input as a whole.
+func TestCompileValidLeavesBadBudgetsOut(t *testing.T) {
+	in := []Budget{
+		{Name: "a"},
+		{Name: "b", Limits: Limits{WatchOpensPerMinute: 1}}, // no burst
+		{Name: "a", Precedence: 5},                         // a's name is taken
+		{Name: "c", Enforcement: DryRun},
+	}
+	p, invalid := CompileValid(in)
+	var names []string
+	for _, b := range p.Budgets() {
+		names = append(names, b.Name)
+	}
+	if strings.Join(names, ",") != "a,c" {
+		t.Errorf("policy holds %v, want a,c", names)
+	}
+	if len(invalid) != len(in) || invalid[0] != nil || invalid[3] != nil {
+		t.Fatalf("invalid = %v, want errors for budgets 1 and 2 only", invalid)
+	}
+	if invalid[1] == nil || !strings.HasPrefix(invalid[1].Error(), "limits.watchBurst: ") {
+		t.Errorf("invalid[1] = %v, want Validate's limits.watchBurst", invalid[1])
+	}
+	if invalid[2] == nil || invalid[2].Error() != "name: duplicate" {
+		t.Errorf("invalid[2] = %v, want name: duplicate", invalid[2])
+	}
+	if _, err := NewPolicy(in); err == nil || err.Error() != `budget "b": `+invalid[1].Error()+"\n"+`budget "a": name: duplicate` {
+		t.Errorf("NewPolicy: err = %v, want both budgets named", err)
+	}
+	if _, invalid := CompileValid(in[:1]); invalid != nil {
+		t.Errorf("every budget valid: invalid = %v, want nil", invalid)
+	}
+}
+
 func TestMatch(t *testing.T) {
 	p, err := NewPolicy([]Budget{
 		{Name: "masters", Precedence: 1, Enforcement: Exempt, Subjects: []Subject{{Kind: Group, Name: "system:masters"}}},
