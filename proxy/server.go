@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/watchgate/watchgate/internal/periodic"
 )
 
 // Server is the proxy: an HTTPS server (HTTP/2 and HTTP/1.1) in front of
@@ -205,7 +207,7 @@ func (s *Server) Start(ctx context.Context) error {
 	wg.Go(func() { s.sweep(bg) })
 	wg.Go(func() { s.probeUpstream(bg) })
 	if s.saTokens != nil {
-		wg.Go(func() { s.saTokens.run(bg, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })
+		wg.Go(func() { s.saTokens.run(bg, s.opts.Clock, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })
 	}
 
 	served := make(chan error, 1)
@@ -240,26 +242,17 @@ func (s *Server) Start(ctx context.Context) error {
 
 // sweep runs engine.Sweep every SweepInterval.
 func (s *Server) sweep(ctx context.Context) {
-	t := time.NewTicker(s.opts.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if n := s.opts.Engine.Sweep(s.opts.Clock.Now()); n > 0 {
-				s.log.V(2).Info("Swept idle state", "evicted", n)
-			}
+	periodic.Every(ctx, s.opts.Clock, s.opts.SweepInterval, func(context.Context) {
+		if n := s.opts.Engine.Sweep(s.opts.Clock.Now()); n > 0 {
+			s.log.V(2).Info("Swept idle state", "evicted", n)
 		}
-	}
+	})
 }
 
 // probeUpstream asks the API server's /readyz, through the proxy's own
 // client, now and every UpstreamProbeInterval.
 func (s *Server) probeUpstream(ctx context.Context) {
-	t := time.NewTicker(s.opts.UpstreamProbeInterval)
-	defer t.Stop()
-	for {
+	periodic.NowAndEvery(ctx, s.opts.Clock, s.opts.UpstreamProbeInterval, func(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := s.client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error()
 		cancel()
@@ -269,10 +262,5 @@ func (s *Server) probeUpstream(ctx context.Context) {
 		s.upstreamMu.Lock()
 		s.upstreamErr = err
 		s.upstreamMu.Unlock()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }

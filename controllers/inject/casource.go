@@ -11,7 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/watchgate/watchgate/internal/periodic"
 )
 
 // CASource is watchgate's CA bundle: read from a file (--ca-file, the
@@ -25,6 +28,8 @@ type CASource struct {
 	// Interval is how often File is re-read; default 10 s. A Secret volume
 	// is updated by the kubelet within about a minute of the Secret.
 	Interval time.Duration
+	// Clock times the re-reads; default the real clock. For tests.
+	Clock clock.Clock
 
 	mu      sync.Mutex
 	current []byte
@@ -78,25 +83,23 @@ func (s *CASource) Start(ctx context.Context) error {
 	if d <= 0 {
 		d = 10 * time.Second
 	}
-	t := time.NewTicker(d)
-	defer t.Stop()
+	clk := s.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
 	ch := s.Events()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	periodic.Every(ctx, clk, d, func(context.Context) {
 		prev := s.Current()
 		b, err := s.Load()
 		if err != nil || bytes.Equal(b, prev) {
-			continue // a half-written file: keep the last good bundle
+			return // a half-written file: keep the last good bundle
 		}
 		select {
 		case ch <- event.GenericEvent{}:
 		default:
 		}
-	}
+	})
+	return nil
 }
 
 // NeedLeaderElection is false: every replica reads its own file.
