@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -160,7 +162,9 @@ type Options struct {
 	Reviews *rest.Config
 }
 
-// Validate reports every problem with the options at once.
+// Validate reports every problem with the options at once, always in the
+// same order: the required fields, then the negative durations, counts and
+// rates, each kind in the order of its names.
 func (o *Options) Validate() error {
 	var errs []error
 	if o.Upstream == nil {
@@ -172,7 +176,7 @@ func (o *Options) Validate() error {
 	if (o.CertFile == "") != (o.KeyFile == "") {
 		errs = append(errs, errors.New("certFile and keyFile: set both or neither"))
 	}
-	for name, d := range map[string]time.Duration{
+	durations := map[string]time.Duration{
 		"readHeaderTimeout":             o.ReadHeaderTimeout,
 		"tokenCacheTTL":                 o.TokenCacheTTL,
 		"tokenCacheNegativeTTL":         o.TokenCacheNegativeTTL,
@@ -185,12 +189,13 @@ func (o *Options) Validate() error {
 		"upstreamProbeInterval":         o.UpstreamProbeInterval,
 		"reviewTimeout":                 o.ReviewTimeout,
 		"serviceAccountKeysRefresh":     o.ServiceAccountKeysRefreshInterval,
-	} {
-		if d < 0 {
+	}
+	for _, name := range slices.Sorted(maps.Keys(durations)) {
+		if d := durations[name]; d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, d))
 		}
 	}
-	for name, n := range map[string]int{
+	counts := map[string]int{
 		"maxHeaderBytes":                 o.MaxHeaderBytes,
 		"maxConcurrentStreams":           o.MaxConcurrentStreams,
 		"tokenCacheSize":                 o.TokenCacheSize,
@@ -202,17 +207,19 @@ func (o *Options) Validate() error {
 		"impersonationReviewCallerBurst": o.ImpersonationReviewCallerBurst,
 		"reviewRequestersTracked":        o.ReviewRequestersTracked,
 		"maxWatches":                     o.MaxWatches,
-	} {
-		if n < 0 {
+	}
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		if n := counts[name]; n < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", name, n))
 		}
 	}
-	for name, f := range map[string]float64{
+	rates := map[string]float64{
 		"reviewsPerSecond":                       o.ReviewsPerSecond,
 		"tokenReviewsPerClientPerSecond":         o.TokenReviewsPerClientPerSecond,
 		"impersonationReviewsPerCallerPerSecond": o.ImpersonationReviewsPerCallerPerSecond,
-	} {
-		if f < 0 {
+	}
+	for _, name := range slices.Sorted(maps.Keys(rates)) {
+		if f := rates[name]; f < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, f))
 		}
 	}

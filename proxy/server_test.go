@@ -30,6 +30,33 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
+// Validate's message is the same every time: the problems of one kind come
+// in the order of their names, not in a map's random order.
+func TestOptionsValidateIsInNameOrder(t *testing.T) {
+	o := &Options{
+		Upstream: &rest.Config{Host: "https://x"}, Engine: &fakeEngine{},
+		SweepInterval: -1, ReadHeaderTimeout: -1, MaxRejectDelay: -1, ShutdownGracePeriod: -1,
+		TokenCacheSize: -1, MaxWatches: -1, ReviewBurst: -1,
+		ReviewsPerSecond: -1, ImpersonationReviewsPerCallerPerSecond: -1,
+	}
+	want := strings.Join([]string{
+		"maxRejectDelay: must not be negative, got -1ns",
+		"readHeaderTimeout: must not be negative, got -1ns",
+		"shutdownGracePeriod: must not be negative, got -1ns",
+		"sweepInterval: must not be negative, got -1ns",
+		"maxWatches: must not be negative, got -1",
+		"reviewBurst: must not be negative, got -1",
+		"tokenCacheSize: must not be negative, got -1",
+		"impersonationReviewsPerCallerPerSecond: must not be negative, got -1",
+		"reviewsPerSecond: must not be negative, got -1",
+	}, "\n")
+	for range 20 {
+		if err := o.Validate(); err == nil || err.Error() != want {
+			t.Fatalf("Validate() =\n%v\nwant\n%s", err, want)
+		}
+	}
+}
+
 // The server speaks HTTP/2 and HTTP/1.1 over TLS with a generated
 // certificate, answers unauthenticated requests itself, limits header
 // size, is ready only while serving with a ready upstream, and drops
