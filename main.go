@@ -120,7 +120,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.caFile, "ca-file", "", "CA bundle (PEM) that signed the proxy's serving certificate, published to routed namespaces as ConfigMap watchgate-root-ca.crt and re-read every 10s. Default ca.crt beside --tls-cert-file (a kubernetes.io/tls Secret's layout).")
 	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.")
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
-	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit (BENCHMARKS.md, load); 0: no cap.")
+	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit; 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	o.zap.BindFlags(fs)
 }
@@ -364,7 +364,7 @@ func run(ctx context.Context, args []string) error {
 	if err := mgr.Add(srv); err != nil {
 		return err
 	}
-	if err := mgr.Add(proxy.StackBallast{}); err != nil {
+	if err := mgr.Add(StackBallast{}); err != nil {
 		return err
 	}
 	if o.webhookPort > 0 {

@@ -12,8 +12,8 @@ const handlerStackReserve = 4 << 10
 // the chain, before the filters run.
 //
 // A new goroutine starts with the runtime's adaptive starting stack: the
-// average stack in use at the last GC, 4 KiB in watchgate with StackBallast
-// (2 KiB without it). The handler outgrows it on a watch open, and growing
+// average stack in use at the last GC, 4 KiB in watchgate with the
+// process's stack ballast (package main; 2 KiB without it). The handler outgrows it on a watch open, and growing
 // deep inside the filters copies every frame below the growth point and
 // adjusts its pointers: make bench measured 5 µs before authentication and
 // 8 µs inside the wait for a pending version (at 2 KiB), of the ~50 µs

@@ -1,4 +1,4 @@
-package proxy
+package main
 
 import (
 	"context"
@@ -19,7 +19,7 @@ func TestStackBallastLiftsTheStartingStack(t *testing.T) {
 			t.Errorf("Start returned %v, want nil", err)
 		}
 		// Recompute the starting stack without the ballast for the tests
-		// after this one (TestGrowStackGrowsOnceAtTheTop needs < 8 KiB).
+		// after this one.
 		runtime.GC()
 	})
 
