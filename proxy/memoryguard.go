@@ -25,7 +25,8 @@ const (
 	DefaultMemoryHighWaterPercent = 85
 	// DefaultMaxWatches is the default of --max-watches: the watches one
 	// replica forwards at once with the chart's default memory limit
-	// (512 Mi, GOMEMLIMIT 90% of it). Measured: BENCHMARKS.md, "load".
+	// (512 Mi, GOMEMLIMIT 90% of it), as `make load` measures a replica held
+	// at this cap.
 	DefaultMaxWatches = 4000
 	// memorySampleInterval is how often the guard reads the runtime's
 	// memory; between samples a watch open costs two atomic loads.
@@ -58,7 +59,7 @@ type MemoryReader func() (inUse, limit uint64)
 // which the scavenger gives back as GOMEMLIMIT nears, against
 // /gc/gomemlimit:bytes (GOMEMLIMIT or debug.SetMemoryLimit; math.MaxInt64
 // when unset). Counting the free spans refused watches while a replica's
-// watches churned with RSS at half its limit (BENCHMARKS.md, "load"). It
+// watches churned with RSS at half its limit (`make load`). It
 // costs about a microsecond; the guard calls it at most every 250ms.
 func RuntimeMemory() (inUse, limit uint64) {
 	s := [4]metrics.Sample{

@@ -134,8 +134,8 @@ const copyBufferBytes = 32 << 10
 
 // copyBufferPool recycles the forwarder's copy buffers. Without it
 // ReverseProxy allocates one per response: 32 KiB of garbage for every GET
-// and every watch open, the largest allocation of a request (issue 10:
-// ~29 KB of the proxy's ~50 KB allocated per watch open).
+// and every watch open, the largest allocation of a request (~29 KB of
+// the ~50 KB the proxy allocated per watch open without the pool).
 var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}
 
 // copyBuffers is an httputil.BufferPool over copyBufferPool.

@@ -20,7 +20,7 @@ import "time"
 // It replaces rate.Limiter, which DESIGN.md names, because on the
 // benchmark's watch round trip (BenchmarkDecide/watch) rate.Limiter was
 // about 25–30% of the CPU time (its mutex, time.Time arithmetic and the
-// pointer chase), and issue 10 asks Decide to take at most 150 ns. The
+// pointer chase), and Decide is meant to take at most 150 ns. The
 // semantics are rate.Limiter's, float for float: the tokens held, a refill
 // of limit tokens per second up to burst, AllowN taking n tokens only when
 // all n are there (never more than burst), SetLimitAt and SetBurstAt

@@ -14,15 +14,15 @@ import (
 // identity keeps a copy of at most 512 bytes of its user name and
 // fixed-size buckets, a backoff
 // key is a 128-bit hash of the watch key (never the client's strings), a
-// stale version a parsed number. BENCHMARKS.md gives the bytes per key, so
-// the worst case is MaxTrackedKeys·(B/identity) +
+// stale version a parsed number. The Memory benchmarks (bench_test.go)
+// measure the bytes per key, so the worst case is MaxTrackedKeys·(B/identity) +
 // MaxBackoffKeys·(B/backoff key) + the stale-version caps.
 type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 232 MiB (see
-	// BENCHMARKS.md), plus at most one overflow backoff key each.
+	// identity out. At the cap, identities take about 232 MiB
+	// (BenchmarkIdentityMemory), plus at most one overflow backoff key each.
 	//
 	// At the cap a new identity is governed by its budget's shared
 	// overflow identity: every user that arrives while the engine is full
@@ -32,7 +32,7 @@ type Options struct {
 	MaxTrackedKeys int
 	// MaxBackoffKeys caps the backoff keys (identity × watch key that
 	// failed or was answered stale) the engine tracks in all. Default
-	// 1<<18 (about 21 MiB, see BENCHMARKS.md): a key exists only while its
+	// 1<<18 (about 21 MiB, BenchmarkBackoffKeyMemory): a key exists only while its
 	// watches fail. At the cap a failing key that is not yet tracked is kept in
 	// its identity's overflow key (see MaxBackoffKeysPerIdentity): it
 	// still backs off, together with the identity's other untracked keys.

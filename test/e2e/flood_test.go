@@ -87,7 +87,7 @@ func forge(token string) string {
 	return token[:i+1] + randomString(256)
 }
 
-// Finding 2 of issue 9: a flood of random tokens must not lock valid
+// A flood of random tokens must not lock valid
 // clients out, and must not become a flood of TokenReviews. Twenty
 // goroutines on another loopback address send random tokens (opaque
 // strings, and forged JWTs naming the API server's issuer and key) as fast
@@ -176,7 +176,7 @@ func TestRandomTokenFloodDoesNotLockOutValidClients(t *testing.T) {
 	}
 }
 
-// Finding 3 of issue 9: impersonation checks only where a budget decides,
+// Impersonation checks only where a budget decides,
 // and a flood of random Impersonate-User values from a caller without
 // rights neither costs unbounded SubjectAccessReviews nor changes how an
 // authorised agent's impersonated user is charged.

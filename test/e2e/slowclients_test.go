@@ -20,13 +20,13 @@ import (
 // slowConnections is how many slowloris connections the test holds.
 const slowConnections = 1000
 
-// Finding 7 of issue 9: 1,000 connections that send 48 KiB of headers and
+// 1,000 connections that send 48 KiB of headers and
 // then trickle one byte a second (slowloris) do not kill the proxy: a valid
 // client is served meanwhile, each slow connection is closed after
 // ReadHeaderTimeout, and their goroutines go away. A header block over
 // MaxHeaderBytes (64 KiB by default) gets 431. The heap and RSS deltas
 // (the proxy and the 1,000 client connections share this process) are
-// logged for BENCHMARKS.md, "proxy: slow connections".
+// logged.
 func TestSlowConnectionsDoNotKillTheProxy(t *testing.T) {
 	ns := uniqueName("slow")
 	sa := serviceAccount(t, ns, "reader", readWatch("pods"))
