@@ -56,12 +56,6 @@
 // WATCH per stale version, and a watch that comes later cannot take the
 // place of one that waits.
 //
-// StackBallast (stackballast.go), a Runnable main adds to the manager,
-// keeps the runtime's starting stack for new goroutines at the 4 KiB a bare
-// proxy runs at, which the operator's many shallow idle goroutines would
-// otherwise pull down to 2 KiB: net/http's per-request goroutines then
-// grow, and copy, their stacks on every request.
-//
 // Caller-chosen strings in logs are cut (boundedForLog), and a collection
 // GET whose query does not parse is logged by the proxy, sampled, instead of
 // in full by RequestInfoFactory (classification.go).
@@ -71,22 +65,10 @@
 // watch Content-Type ("application/json" for JSON, as kube-apiserver sends
 // it, and "application/vnd.kubernetes.protobuf;stream=watch").
 //
-// Metrics (controller-runtime's registry, no user names as labels):
-// watchgate_proxy_requests_total{verb,decision,reason,budget,enforcement},
-// watchgate_proxy_active_watches, watchgate_proxy_upstream_watch_opens_total,
-// watchgate_proxy_watches_ended_total{outcome}, watchgate_proxy_watches_held_total,
-// watchgate_proxy_stale_versions_learned_total,
-// watchgate_proxy_decision_duration_seconds{verb},
-// watchgate_proxy_review_cache_lookups_total{review,result},
-// watchgate_proxy_reviews_throttled_total{review},
-// watchgate_proxy_reviews_sent_total{review}, watchgate_proxy_reviews_failed_total{review},
-// watchgate_proxy_review_fail_open_total{review},
-// watchgate_proxy_local_token_verifications_total{result},
-// watchgate_proxy_service_account_key_refreshes_total{result},
-// watchgate_proxy_credentials_refused_total{reason},
-// watchgate_proxy_logs_suppressed_total,
-// watchgate_proxy_guard_rejections_total{reason},
-// watchgate_proxy_memory_in_use_bytes, watchgate_proxy_memory_limit_bytes.
+// Metrics register on controller-runtime's registry (metrics.go,
+// auth_metrics.go), never with a user name as a label; docs/operators.md
+// lists every one with its labels, and a test keeps the list and the code in
+// agreement.
 //
 // Server is a controller-runtime Runnable that runs on every replica. On
 // shutdown readiness drops first; open watches are then closed one by one
