@@ -82,42 +82,30 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(u+st) * 10 * time.Millisecond, nil
 }
 
-// ratePoint is the upstream WATCH rate over one sampling interval.
-type ratePoint struct {
-	at        time.Duration // end of the interval, since the storm started
-	perSecond float64
-}
-
-// sampleWatchRate reads apiserver_request_total{verb="WATCH",
-// resource="configmaps"} every interval until ctx ends and returns the rate
-// over each interval. A failed read skips that sample.
-func sampleWatchRate(ctx context.Context, env *apiserver.Env, interval time.Duration) []ratePoint {
+// sampleWatchRequests reads apiserver_request_total{verb="WATCH",
+// resource="configmaps"} every interval until ctx ends. A failed read
+// skips that sample; alignedRates turns the samples into the chart's rate.
+func sampleWatchRequests(ctx context.Context, env *apiserver.Env, interval time.Duration) []counterSample {
 	start := time.Now()
-	// read returns the counter and when it was read: the middle of the
-	// request, since a scrape of /metrics takes a while on a busy machine.
-	read := func() (float64, time.Time, error) {
+	var samples []counterSample
+	// read records the counter as of the middle of the request, since a
+	// scrape of /metrics takes a while on a busy machine.
+	read := func() {
 		t0 := time.Now()
 		v, err := env.WatchRequests(ctx, "", "configmaps")
-		return v, t0.Add(time.Since(t0) / 2), err
+		if err == nil {
+			samples = append(samples, counterSample{at: t0.Add(time.Since(t0) / 2).Sub(start), value: v})
+		}
 	}
-	var points []ratePoint
-	prev, prevAt, err := read()
-	if err != nil {
-		return nil
-	}
+	read()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return points
+			return samples
 		case <-t.C:
 		}
-		v, at, err := read()
-		if err != nil {
-			continue
-		}
-		points = append(points, ratePoint{at: at.Sub(start), perSecond: (v - prev) / at.Sub(prevAt).Seconds()})
-		prev, prevAt = v, at
+		read()
 	}
 }

@@ -15,7 +15,7 @@ func writeChart(path string, clients int, direct, through stormResult) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Upstream WATCH requests reaching kube-apiserver: %d clients looping on a stale resourceVersion", clients)
 	p.X.Label.Text = "time since the storm started (s)"
-	p.Y.Label.Text = "WATCH requests per second (apiserver_request_total)"
+	p.Y.Label.Text = "WATCH requests per second, each second (apiserver_request_total)"
 	p.X.Min, p.Y.Min = 0, 0
 	p.X.Tick.Marker = plot.TickerFunc(func(min, max float64) []plot.Tick {
 		var ticks []plot.Tick
@@ -40,8 +40,8 @@ func writeChart(path string, clients int, direct, through stormResult) error {
 		color  color.Color
 		dashes []vg.Length
 	}{
-		{fmt.Sprintf("direct to kube-apiserver (%.0f upstream WATCHes)", direct.upstream), direct.rate, color.RGBA{R: 200, G: 40, B: 40, A: 255}, nil},
-		{fmt.Sprintf("through watchgate (%.0f upstream WATCHes)", through.upstream), through.rate, color.RGBA{R: 20, G: 90, B: 200, A: 255}, []vg.Length{vg.Points(6), vg.Points(3)}},
+		{fmt.Sprintf("direct to kube-apiserver (%s)", count(direct.upstream, "upstream WATCH", "upstream WATCHes")), direct.rate, color.RGBA{R: 200, G: 40, B: 40, A: 255}, nil},
+		{fmt.Sprintf("through watchgate (%s)", count(through.upstream, "upstream WATCH", "upstream WATCHes")), through.rate, color.RGBA{R: 20, G: 90, B: 200, A: 255}, []vg.Length{vg.Points(6), vg.Points(3)}},
 	} {
 		xy := make(plotter.XYs, len(s.points))
 		for i, pt := range s.points {

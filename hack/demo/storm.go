@@ -24,18 +24,30 @@ type stormResult struct {
 	upstream float64
 	// apiCPU is the API server's CPU time during the storm, in seconds.
 	apiCPU float64
+	// proxyCPU is watchgate's own CPU time during the storm, in seconds;
+	// 0 without watchgate.
+	proxyCPU float64
 	// wellBehaved is the well-behaved client's experience.
 	wellBehaved wellBehavedResult
-	// rate is upstream WATCH/s sampled over the storm.
+	// rate is upstream WATCH/s over each second of the storm.
 	rate []ratePoint
 }
 
 func (r stormResult) print() {
-	fmt.Printf("    %d resubscriptions; answers:", r.attempts)
-	for k, v := range r.answers {
-		fmt.Printf(" %s×%d", k, v)
+	if r.attempts > 0 {
+		fmt.Printf("    %d resubscriptions; answers:", r.attempts)
+		for k, v := range r.answers {
+			fmt.Printf(" %s×%d", k, v)
+		}
 	}
-	fmt.Printf("\n    the API server counted %.0f WATCH requests on configmaps (apiserver_request_total) and used %.1f CPU seconds\n", r.upstream, r.apiCPU)
+	if r.attempts > 0 {
+		fmt.Println()
+	}
+	fmt.Printf("    the API server counted %s on configmaps (apiserver_request_total) and used %.1f CPU seconds\n",
+		count(r.upstream, "WATCH request", "WATCH requests"), r.apiCPU)
+	if r.proxyCPU > 0 {
+		fmt.Printf("    watchgate used %.2f CPU seconds\n", r.proxyCPU)
+	}
 	fmt.Printf("    the well-behaved client: GET p50 %s, p99 %s over %d GETs (%d failed); informer synced in %s\n",
 		ms(r.wellBehaved.p50), ms(r.wellBehaved.p99), r.wellBehaved.gets, r.wellBehaved.failed, r.wellBehaved.synced.Round(time.Millisecond))
 }
@@ -45,8 +57,10 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 // runStorm runs clients that do what the seed's dashboard did — watch from
 // rv, read until the stream ends, re-subscribe at once with the same rv —
 // while a well-behaved client (good) does its work through the same path
-// and a sampler records the API server's upstream WATCH rate.
-func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config, path, rv string, clients int, d time.Duration) (stormResult, error) {
+// and a sampler records the API server's upstream WATCH rate. With 0
+// clients it measures the quiet baseline: the well-behaved client alone.
+// proxyPID, when not 0, is watchgate's process, whose CPU time is counted.
+func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config, path, rv string, clients int, d time.Duration, proxyPID int) (stormResult, error) {
 	before, err := env.WatchRequests(ctx, "", "configmaps")
 	if err != nil {
 		return stormResult{}, err
@@ -56,17 +70,23 @@ func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config,
 	if err != nil {
 		return stormResult{}, err
 	}
+	var proxyBefore time.Duration
+	if proxyPID != 0 {
+		if proxyBefore, err = processCPU(proxyPID); err != nil {
+			return stormResult{}, err
+		}
+	}
 	var attempts atomic.Int64
 	var mu sync.Mutex
 	answers := map[string]int64{}
 	stormCtx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	var sampled []ratePoint
+	var sampled []counterSample
 	var wbRes wellBehavedResult
 	var wbErr error
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); sampled = sampleWatchRate(stormCtx, env, 250*time.Millisecond) }()
+	go func() { defer wg.Done(); sampled = sampleWatchRequests(stormCtx, env, 250*time.Millisecond) }()
 	go func() { defer wg.Done(); wbRes, wbErr = runWellBehaved(stormCtx, good, "demo") }()
 	for range clients {
 		wg.Add(1)
@@ -105,6 +125,14 @@ func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config,
 	if err != nil {
 		return stormResult{}, err
 	}
-	return stormResult{attempts: attempts.Load(), answers: answers, upstream: after - before - float64(wbRes.watches),
-		apiCPU: cpuAfter - cpuBefore, wellBehaved: wbRes, rate: sampled}, nil
+	r := stormResult{attempts: attempts.Load(), answers: answers, upstream: after - before - float64(wbRes.watches),
+		apiCPU: cpuAfter - cpuBefore, wellBehaved: wbRes, rate: alignedRates(sampled, time.Second)}
+	if proxyPID != 0 {
+		proxyAfter, err := processCPU(proxyPID)
+		if err != nil {
+			return stormResult{}, err
+		}
+		r.proxyCPU = (proxyAfter - proxyBefore).Seconds()
+	}
+	return r, nil
 }
