@@ -28,7 +28,12 @@
 //     is enough for the code;
 //   - the Dockerfile builds what the image promises from a build context
 //     that holds every package the binary needs;
-//   - the WatchBudget examples of docs/operators.md pass validation.
+//   - the WatchBudget examples of docs/operators.md pass validation;
+//   - docs/operators.md's metric table lists every metric the code defines,
+//     with its labels, and nothing else (metrics_test.go);
+//   - the repository holds source only: no tracked file over 1 MiB, no
+//     compiled program, no NUL bytes outside images, and .gitignore covers
+//     what the Makefile and hack/ build (tree_test.go).
 //
 // The test bed has no cert-manager and no Prometheus Operator; the stand-in
 // CRDs in testdata/stub-crds.yaml accept any spec of their kinds, so objects
