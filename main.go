@@ -3,7 +3,10 @@
 // It is one binary: a controller-runtime manager that compiles WatchBudgets
 // into the rate-limit engine's policy and writes their status, and an HTTPS
 // proxy in front of kube-apiserver that admits or rejects every watch like an
-// admission step. Clients change nothing but the server URL.
+// admission step. Clients change nothing but the server URL. With
+// --webhook-port it also routes in-cluster agents through the proxy (the pod
+// webhook and CA publisher). StackBallast (stackballast.go) tunes the
+// process's runtime for the goroutines net/http starts per request.
 package main
 
 import (

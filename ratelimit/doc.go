@@ -30,9 +30,10 @@
 // The tour:
 //   - policy.go: Policy and the budgets it is compiled from, StaleMatch;
 //   - validate.go: Budget.Validate, field-path errors;
-//   - compile.go: NewPolicy and matching (lowest precedence, then name);
-//   - request.go: Request, Decision, Watch, Reason, Outcome,
-//     StaleRepeatHold;
+//   - compile.go: NewPolicy and CompileValid (validation and defaults,
+//     once per budget) and matching (lowest precedence, then name);
+//   - request.go: Request, Decision, Watch, Reason and its words
+//     (Reason.Text), Outcome, StaleRepeatHold;
 //   - engine.go: Engine, Options, Decide, WatchEnded, SetPolicy;
 //   - identity.go: per-budget sharded identity state and its buckets;
 //   - bucket.go: the token bucket, rate.Limiter's arithmetic under the
