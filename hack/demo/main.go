@@ -4,7 +4,9 @@
 // the API server already called too old — first hitting the API server
 // directly, then stopped by watchgate. While each storm runs, a well-behaved
 // client (an informer plus periodic GETs) measures what it sees, and the
-// upstream WATCH rate is sampled for a chart. Every figure it prints is
+// upstream WATCH rate is sampled for a chart. A quiet baseline of the same
+// length (the well-behaved client alone) comes first, so that each storm's
+// own API server CPU is shown above it, beside watchgate's own CPU. Every figure it prints is
 // counted, by the clients and by the API server's own /metrics; nothing is
 // hard-coded. It stops by itself after about a minute and a half and cleans
 // up. It is a module of its own (hack/demo) so that its plotting library
