@@ -35,12 +35,12 @@ type admission struct {
 	// caps how many rejections wait at once.
 	maxDelay   time.Duration
 	delaySlots chan struct{}
-	// pending holds back concurrent watches from one resourceVersion
-	// while the first asks the API server (nil: none are held);
-	// quietWindow and pendingWait are its timings (see pendingVersions).
-	pending     *pendingVersions
-	quietWindow time.Duration
-	pendingWait time.Duration
+	// coalescer holds back followers, concurrent watches from one
+	// resourceVersion, while their leader asks the API server (nil: none
+	// are held); quietWindow and followerWait are its timings.
+	coalescer    *coalescer
+	quietWindow  time.Duration
+	followerWait time.Duration
 }
 
 // withAdmission decides every budgeted request (see classify) with the
@@ -58,31 +58,31 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		var first *pendingVersion
-		if k, ok := pendingVersionKey(c); ok && a.pending != nil {
-			if first, ok = a.pending.hold(r.Context(), k, a.pendingWait); !ok {
+		var lead *leader
+		if k, ok := coalescingKey(c); ok && a.coalescer != nil {
+			if lead, ok = a.coalescer.coalesce(r.Context(), k, a.followerWait); !ok {
 				return // the client left
 			}
-			if first != nil {
-				defer first.abandon()
+			if lead != nil {
+				defer lead.handOver()
 			}
 		}
 		start := a.clock.Now()
 		d := a.decide(w, r, c, id, start)
 		switch {
 		case !d.Allowed:
-			if first != nil {
-				// Its twins need not wait out the rejection's delay: the
+			if lead != nil {
+				// Its followers need not wait out the rejection's delay: the
 				// engine knows the version stale, or they ask themselves.
 				if d.Reason == ratelimit.ReasonStaleResourceVersion {
-					first.settle()
+					lead.settle()
 				} else {
-					first.abandon()
+					lead.handOver()
 				}
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
-			a.serveWatch(w, r, c, &d, start, first, next)
+			a.serveWatch(w, r, c, &d, start, lead, next)
 		default:
 			next.ServeHTTP(w, r)
 		}
@@ -169,14 +169,14 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 
 // serveWatch forwards an admitted watch and reports its end to the engine,
 // also when the proxy panics out of the stream (http.ErrAbortHandler).
-// first, when not nil, is the version this watch asks about for its twins.
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, first *pendingVersion, next http.Handler) {
+// lead, when not nil, is the version this watch asks about as its followers' leader.
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, lead *leader, next http.Handler) {
 	st, r := stateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: *d, started: start,
-		clientCtx: r.Context(), cancel: cancel, verdict: first, quietWindow: a.quietWindow, pending: a.pending,
+		clientCtx: r.Context(), cancel: cancel, verdict: lead, quietWindow: a.quietWindow, coalescer: a.coalescer,
 	}
 	defer ws.end()
 	if !a.watches.add(ws) {

@@ -47,14 +47,28 @@
 // failure) goes to engine.WatchEnded exactly once.
 //
 // Concurrent watches from one explicit resourceVersion ask the API server
-// once (pendingversions.go): while the first one's verdict is unknown its
-// twins wait (bounded), then are decided again, so they get the local 410
-// once the engine learnt the version stale, or go upstream. A first watch
-// that learns nothing (its client left, it was rejected, the API server
-// failed it) hands over: the twin that has waited longest asks in its place
-// and the others wait for that one, so the storm still costs one upstream
-// WATCH per stale version, and a watch that comes later cannot take the
-// place of one that waits.
+// once: request coalescing with hand-over (coalescing.go). The first watch
+// from a (group, resource, version) is the leader and goes on; the others
+// that come while its verdict is unknown are followers and wait (bounded),
+// then are decided again, so they get the local 410 once the engine learnt
+// the version stale, or go upstream. A leader that learns nothing (its
+// client left, it was rejected, the API server failed it) hands over: the
+// follower that has waited longest becomes the leader and asks, the others
+// follow it, so the storm still costs one upstream WATCH per stale version,
+// and a watch that comes later cannot take the place of one that waits.
+//
+//	watch from resourceVersion N (not "" or "0")
+//	  │
+//	  ├─ nobody asks about N ──▶ leader: decided, upstream
+//	  │                            ├─ ERROR 410 event ─────────▶ settled stale
+//	  │                            ├─ other event, quiet 200 ──▶ settled valid
+//	  │                            └─ learns nothing ──────────▶ hand-over
+//	  │                                                              │
+//	  └─ a leader asks ─────────▶ follower waiting ◀─────────────────┘ (the others)
+//	                               ├─ handed over ───────▶ leader (the longest waiting)
+//	                               ├─ settled stale ─────▶ answered locally: 200, ERROR 410
+//	                               ├─ settled valid ─────▶ decided, upstream
+//	                               └─ 2 leaders or 5 s ──▶ decided, upstream
 //
 // StackBallast (stackballast.go), a Runnable main adds to the manager,
 // keeps the runtime's starting stack for new goroutines at the 4 KiB a bare
@@ -74,7 +88,7 @@
 // Metrics (controller-runtime's registry, no user names as labels):
 // watchgate_proxy_requests_total{verb,decision,reason,budget,enforcement},
 // watchgate_proxy_active_watches, watchgate_proxy_upstream_watch_opens_total,
-// watchgate_proxy_watches_ended_total{outcome}, watchgate_proxy_watches_held_total,
+// watchgate_proxy_watches_ended_total{outcome}, watchgate_proxy_watches_coalesced_total,
 // watchgate_proxy_stale_versions_learned_total,
 // watchgate_proxy_decision_duration_seconds{verb},
 // watchgate_proxy_review_cache_lookups_total{review,result},

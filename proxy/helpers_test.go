@@ -127,7 +127,7 @@ func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptes
 	adm := &admission{
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs,
 		maxDelay: 50 * time.Millisecond, delaySlots: make(chan struct{}, 8),
-		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
+		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
 	}
 	h := chain(testTokens, testImpersonation, FailClosed, nil, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)

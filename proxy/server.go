@@ -115,7 +115,7 @@ func NewServer(opts Options) (*Server, error) {
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
-		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
+		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
 	}
 
 	guard := newWatchGuard(o.MaxWatches, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)

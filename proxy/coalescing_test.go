@@ -15,18 +15,18 @@ import (
 )
 
 // Concurrent watches from one version ask the API server once: when the
-// first one's stream says 410, the others get the local answer; when it
+// leader's stream says 410, the others get the local answer; when it
 // says the version is valid (an event, or a quiet 200), they all go
 // upstream.
-func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
+func TestFollowersWaitForTheLeadersVerdict(t *testing.T) {
 	for name, tc := range map[string]struct {
 		firstEvent    []byte // what the first upstream watch sends after its headers; nil: nothing
 		wantUpstream  int32
 		wantLocal410s int
 	}{
-		"stale: one upstream watch, every twin answered locally": {jsonFrames()[2], 1, 4},
-		"valid by an event: all go upstream":                     {jsonFrames()[0], 5, 0},
-		"valid by a quiet stream: all go upstream":               {nil, 5, 0},
+		"stale: one upstream watch, every follower answered locally": {jsonFrames()[2], 1, 4},
+		"valid by an event: all go upstream":                         {jsonFrames()[0], 5, 0},
+		"valid by a quiet stream: all go upstream":                   {nil, 5, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			engine := &fakeEngine{}
@@ -45,12 +45,12 @@ func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
 				w.WriteHeader(200)
 				w.(http.Flusher).Flush()
 				if n == 1 {
-					<-first // the twins are waiting by now
+					<-first // the followers are waiting by now
 					if tc.firstEvent != nil {
 						_, _ = w.Write(tc.firstEvent)
 						w.(http.Flusher).Flush()
 					} else {
-						time.Sleep(3 * pendingVersionQuietWindow) // quiet, and open
+						time.Sleep(3 * leaderQuietWindow) // quiet, and open
 					}
 				}
 			}))
@@ -70,7 +70,7 @@ func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
 					bodies[i] = string(body)
 				})
 			}
-			// Whether the twins join before the verdict or come after it, the
+			// Whether the followers join before the verdict or come after it, the
 			// outcome is the same; the pause only makes the first case likely.
 			time.Sleep(50 * time.Millisecond)
 			close(first)
@@ -85,7 +85,7 @@ func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
 				}
 			}
 			if local != tc.wantLocal410s {
-				t.Errorf("%d twins answered locally, want %d (bodies %q)", local, tc.wantLocal410s, bodies)
+				t.Errorf("%d followers answered locally, want %d (bodies %q)", local, tc.wantLocal410s, bodies)
 			}
 		})
 	}
@@ -93,156 +93,156 @@ func TestTwinWatchesWaitForTheFirstVerdict(t *testing.T) {
 
 // The table of pending versions is bounded in count and bytes, and keyed
 // by the parsed version: "007" and "7" are one version.
-func TestPendingVersionsAreBoundedAndParsed(t *testing.T) {
-	p := newPendingVersions()
-	k1, ok1 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
-	k2, ok2 := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
+func TestCoalescerIsBoundedAndParsed(t *testing.T) {
+	p := newCoalescer()
+	k1, ok1 := coalescingKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
+	k2, ok2 := coalescingKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
 	if !ok1 || !ok2 || k1 != k2 {
 		t.Fatalf("keys %v %v, want one key for 007 and 7", k1, k2)
 	}
 	for _, rv := range []string{"", "0", "x", "-1", "99999999999999999999999"} {
-		if _, ok := pendingVersionKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
+		if _, ok := coalescingKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
 			t.Errorf("version %q is held, want it passed", rv)
 		}
 	}
 	ctx := context.Background()
-	first, wait := p.join(&twin{ctx: ctx}, k1)
-	if first == nil || wait != nil {
-		t.Fatal("the first watch must not wait")
+	lead, wait := p.join(&follower{ctx: ctx}, k1)
+	if lead == nil || wait != nil {
+		t.Fatal("the leader must not wait")
 	}
-	if f, w := p.join(&twin{ctx: ctx}, k2); f != nil || w == nil {
-		t.Fatal("a twin must wait")
+	if f, w := p.join(&follower{ctx: ctx}, k2); f != nil || w == nil {
+		t.Fatal("a follower must wait")
 	}
-	first.settle()
-	first.abandon()
+	lead.settle()
+	lead.handOver()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Fatalf("%d entries, %d bytes left after settle", p.len(), p.bytes)
 	}
 	long := strings.Repeat("r", 64<<10)
 	n := 0
-	for i := range maxPendingVersions + 10 {
-		if f, _ := p.join(&twin{ctx: ctx}, versionKey{resource: long, version: uint64(i + 1)}); f != nil {
+	for i := range maxCoalescedVersions + 10 {
+		if f, _ := p.join(&follower{ctx: ctx}, versionKey{resource: long, version: uint64(i + 1)}); f != nil {
 			n++
 		}
 	}
-	if p.bytes > maxPendingVersionBytes || n >= maxPendingVersions {
-		t.Errorf("%d entries of %d bytes held, want at most %d bytes", n, p.bytes, maxPendingVersionBytes)
+	if p.bytes > maxCoalescedVersionBytes || n >= maxCoalescedVersions {
+		t.Errorf("%d entries of %d bytes held, want at most %d bytes", n, p.bytes, maxCoalescedVersionBytes)
 	}
 }
 
-// A watch whose first watch's client has left, and whom no twin waits
-// for, does not wait: it takes the first's place. The first's own late
+// A watch whose leader's client has left, and whom no follower waits
+// for, does not wait: it takes the leader's place. The leader's own late
 // abandon does not remove its successor.
-func TestAWatchDoesNotWaitForAFirstWhoseClientLeft(t *testing.T) {
-	p, k, first, leave := firstThatLeaves(t)
+func TestAWatchDoesNotFollowALeaderWhoseClientLeft(t *testing.T) {
+	p, k, lead, leave := leaderThatLeaves(t)
 	leave()
-	next, wait := p.join(&twin{ctx: context.Background()}, k)
+	next, wait := p.join(&follower{ctx: context.Background()}, k)
 	if next == nil || wait != nil {
-		t.Fatalf("after the first's client left: first=%v wait=%v, want a new first that does not wait", next, wait)
+		t.Fatalf("after the leader's client left: lead=%v wait=%v, want a new leader that does not wait", next, wait)
 	}
-	first.abandon() // the old first's handler unwinds late
+	lead.handOver() // the old leader's handler unwinds late
 	twinCtx, twinLeaves := context.WithCancel(context.Background())
-	if _, w := p.join(&twin{ctx: twinCtx}, k); w != next {
-		t.Error("the old first's abandon removed its successor")
+	if _, w := p.join(&follower{ctx: twinCtx}, k); w != next {
+		t.Error("the old leader's abandon removed its successor")
 	}
 	twinLeaves() // so that next's abandon hands its place to nobody
-	next.abandon()
+	next.handOver()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Errorf("%d entries, %d bytes left", p.len(), p.bytes)
 	}
 }
 
-// The place of a first that learns nothing goes to the twin that has
+// The place of a leader that learns nothing goes to the follower that has
 // waited longest, never to a watch that comes later: a caller that drops
 // its first watch and opens the next at once does not get in front of
-// the twins that waited. The others wait for the new first, and a twin
-// stops waiting after two firsts.
-func TestTheLongestWaitingTwinAsksNext(t *testing.T) {
-	p, k, first, leave := firstThatLeaves(t)
-	defer first.abandon()
-	twins := make([]<-chan held, 3)
-	for i := range twins {
-		twins[i] = holdJoined(t, p, k)
+// the followers that waited. The others wait for the new leader, and a follower
+// stops waiting after two leaders.
+func TestTheLongestWaitingFollowerLeadsNext(t *testing.T) {
+	p, k, lead, leave := leaderThatLeaves(t)
+	defer lead.handOver()
+	followers := make([]<-chan held, 3)
+	for i := range followers {
+		followers[i] = coalesceJoined(t, p, k)
 	}
-	// The first's client leaves and a newcomer from the same caller asks
+	// The leader's client leaves and a newcomer from the same caller asks
 	// at once, as an HTTP/2 client that closes a watch and opens the next
-	// does: the newcomer finds the first gone under the table's lock,
-	// before any twin is scheduled.
+	// does: the newcomer finds the leader gone under the table's lock,
+	// before any follower is scheduled.
 	p.mu.Lock()
 	leave()
-	newcomer := &twin{ctx: context.Background()}
+	newcomer := &follower{ctx: context.Background()}
 	if f, w := p.joinLocked(newcomer, k); f != nil || w == nil {
 		p.mu.Unlock()
-		t.Fatalf("the newcomer got first=%v wait=%v, want it to wait behind the twins", f, w)
+		t.Fatalf("the newcomer got lead=%v wait=%v, want it to wait behind the followers", f, w)
 	}
 	p.mu.Unlock()
-	oldest := wantAsks(t, twins[0], "the longest-waiting twin")
-	wantWaits(t, twins[1], "the second twin")
-	wantWaits(t, twins[2], "the third twin")
-	oldest.abandon() // it learnt nothing either
-	second := wantAsks(t, twins[1], "the second twin")
-	// The third has now waited for two firsts: the one it found and the
-	// oldest twin; it does not wait for a third.
-	wantGoesOnWithoutAsking(t, twins[2], "after two firsts, the third twin")
+	oldest := wantAsks(t, followers[0], "the longest-waiting follower")
+	wantWaits(t, followers[1], "the second follower")
+	wantWaits(t, followers[2], "the third follower")
+	oldest.handOver() // it learnt nothing either
+	second := wantAsks(t, followers[1], "the second follower")
+	// The third has now waited for two leaders: the one it found and the
+	// oldest follower; it does not wait for a third.
+	wantGoesOnWithoutAsking(t, followers[2], "after two leaders, the third follower")
 	second.settle()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if newcomer.on != nil || newcomer.first != nil {
-		t.Errorf("the newcomer is still among twins (%v) or asks (%v) after a verdict", newcomer.on, newcomer.first)
+	if newcomer.on != nil || newcomer.lead != nil {
+		t.Errorf("the newcomer is still among followers (%v) or asks (%v) after a verdict", newcomer.on, newcomer.lead)
 	}
 	if len(p.m) != 0 || p.bytes != 0 {
 		t.Errorf("%d entries, %d bytes left", len(p.m), p.bytes)
 	}
 }
 
-// A twin whose client leaves, or whose wait runs out, leaves the line: it
-// is not handed the first's place, and it is not kept. Nor is one whose
+// A follower whose client leaves, or whose wait runs out, leaves the line: it
+// is not handed the leader's place, and it is not kept. Nor is one whose
 // client has left but that has not yet stepped out of the line.
-func TestATwinThatLeavesIsNotHandedThePlace(t *testing.T) {
-	p := newPendingVersions()
+func TestAFollowerThatLeavesIsNotHandedThePlace(t *testing.T) {
+	p := newCoalescer()
 	k := versionKey{resource: "pods", version: 7}
-	first, _ := p.join(&twin{ctx: context.Background()}, k)
+	lead, _ := p.join(&follower{ctx: context.Background()}, k)
 	ctx, leave := context.WithCancel(context.Background())
-	left := holdJoinedWith(t, p, k, ctx, time.Hour)
-	timedOut := holdJoinedWith(t, p, k, context.Background(), 50*time.Millisecond)
+	left := coalesceJoinedWith(t, p, k, ctx, time.Hour)
+	timedOut := coalesceJoinedWith(t, p, k, context.Background(), 50*time.Millisecond)
 	goneCtx, gone := context.WithCancel(context.Background())
-	notYetOut := &twin{ctx: goneCtx}
+	notYetOut := &follower{ctx: goneCtx}
 	if _, w := p.join(notYetOut, k); w == nil {
-		t.Fatal("want the twin to wait")
+		t.Fatal("want the follower to wait")
 	}
-	stays := holdJoined(t, p, k)
+	stays := coalesceJoined(t, p, k)
 	gone()
 	leave()
-	if h := <-left; h.ok || h.first != nil {
-		t.Errorf("the twin whose client left got first=%v ok=%v, want ok=false", h.first, h.ok)
+	if h := <-left; h.ok || h.lead != nil {
+		t.Errorf("the follower whose client left got lead=%v ok=%v, want ok=false", h.lead, h.ok)
 	}
-	if h := <-timedOut; !h.ok || h.first != nil {
-		t.Errorf("the twin whose wait ran out got first=%v ok=%v, want to go on without asking", h.first, h.ok)
+	if h := <-timedOut; !h.ok || h.lead != nil {
+		t.Errorf("the follower whose wait ran out got lead=%v ok=%v, want to go on without asking", h.lead, h.ok)
 	}
-	first.abandon()
-	next := wantAsks(t, stays, "the twin that stayed")
+	lead.handOver()
+	next := wantAsks(t, stays, "the follower that stayed")
 	p.mu.Lock()
-	if n := p.m[k].twins.n; n != 0 {
-		t.Errorf("%d twins kept, want none", n)
+	if n := p.m[k].followers.n; n != 0 {
+		t.Errorf("%d followers kept, want none", n)
 	}
-	if notYetOut.first != nil || notYetOut.on != nil {
-		t.Errorf("the twin whose client left was handed the place (%v) or kept waiting (%v)", notYetOut.first, notYetOut.on)
+	if notYetOut.lead != nil || notYetOut.on != nil {
+		t.Errorf("the follower whose client left was handed the place (%v) or kept waiting (%v)", notYetOut.lead, notYetOut.on)
 	}
 	p.mu.Unlock()
 	next.settle()
 }
 
-// A twin that is already waiting asks in the first's place as soon as the
-// first watch's client leaves, before the first watch's handler has
-// unwound; a second twin then waits for it, and goes on with its verdict.
-func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
-	p, k, first, leave := firstThatLeaves(t)
-	defer first.abandon()
-	hold := func() <-chan held { return holdInBackground(p, k) }
+// A follower that is already waiting asks in the leader's place as soon as the
+// leader's client leaves, before the leader's handler has
+// unwound; a second follower then waits for it, and goes on with its verdict.
+func TestAFollowerLeadsWhenTheLeadersClientLeaves(t *testing.T) {
+	p, k, lead, leave := leaderThatLeaves(t)
+	defer lead.handOver()
+	hold := func() <-chan held { return coalesceInBackground(p, k) }
 	waiting := hold()
 	select {
 	case <-waiting:
-		t.Fatal("the twin went on while the first's client was there")
+		t.Fatal("the follower went on while the leader's client was there")
 	case <-time.After(20 * time.Millisecond):
 	}
 	leave()
@@ -250,37 +250,37 @@ func TestATwinAsksWhenTheFirstsClientLeaves(t *testing.T) {
 	select {
 	case next = <-waiting:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the twin still waits after the first's client left")
+		t.Fatal("the follower still waits after the leader's client left")
 	}
-	if !next.ok || next.first == nil {
-		t.Fatalf("the twin got first=%v ok=%v, want it to ask in the first's place", next.first, next.ok)
+	if !next.ok || next.lead == nil {
+		t.Fatalf("the follower got lead=%v ok=%v, want it to ask in the leader's place", next.lead, next.ok)
 	}
 	second := hold()
 	select {
 	case <-second:
-		t.Fatal("a second twin went on while the new first was asking")
+		t.Fatal("a second follower went on while the new leader was asking")
 	case <-time.After(20 * time.Millisecond):
 	}
-	next.first.settle()
-	wantGoesOnWithoutAsking(t, second, "after a verdict, the second twin")
+	next.lead.settle()
+	wantGoesOnWithoutAsking(t, second, "after a verdict, the second follower")
 }
 
-// firstThatLeaves returns a table holding a first watch from pods at
+// leaderThatLeaves returns a table holding a leader from pods at
 // version 7, whose client leaves when leave is called.
-func firstThatLeaves(t *testing.T) (p *pendingVersions, k versionKey, first *pendingVersion, leave context.CancelFunc) {
+func leaderThatLeaves(t *testing.T) (p *coalescer, k versionKey, lead *leader, leave context.CancelFunc) {
 	t.Helper()
-	p = newPendingVersions()
+	p = newCoalescer()
 	k = versionKey{resource: "pods", version: 7}
 	gone, leave := context.WithCancel(context.Background())
 	t.Cleanup(leave)
-	if first, _ = p.join(&twin{ctx: gone}, k); first == nil {
-		t.Fatal("want a first")
+	if lead, _ = p.join(&follower{ctx: gone}, k); lead == nil {
+		t.Fatal("want a leader")
 	}
-	return p, k, first, leave
+	return p, k, lead, leave
 }
 
-// A line of twins keeps the order they came in, whichever of them leave.
-func TestTwinLineKeepsTheOrder(t *testing.T) {
+// A line of followers keeps the order they came in, whichever of them leave.
+func TestFollowerLineKeepsTheOrder(t *testing.T) {
 	for name, tc := range map[string]struct {
 		leave []int
 		want  []int
@@ -293,22 +293,22 @@ func TestTwinLineKeepsTheOrder(t *testing.T) {
 		"the tail twice":       {[]int{3, 2}, []int{0, 1}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			var l twinLine
-			tws := make([]*twin, 4)
+			var l followerLine
+			tws := make([]*follower, 4)
 			for i := range tws {
-				tws[i] = &twin{}
+				tws[i] = &follower{}
 				l.push(tws[i])
 			}
 			for _, i := range tc.leave {
 				l.remove(tws[i])
 			}
 			var got []int
-			for tw := l.head; tw != nil; tw = tw.next {
-				got = append(got, slices.Index(tws, tw))
+			for fw := l.head; fw != nil; fw = fw.next {
+				got = append(got, slices.Index(tws, fw))
 			}
 			var back []int
-			for tw := l.tail; tw != nil; tw = tw.prev {
-				back = append([]int{slices.Index(tws, tw)}, back...)
+			for fw := l.tail; fw != nil; fw = fw.prev {
+				back = append([]int{slices.Index(tws, fw)}, back...)
 			}
 			if !slices.Equal(got, tc.want) || !slices.Equal(back, tc.want) || l.n != len(tc.want) {
 				t.Errorf("line %v (from the tail %v, n=%d), want %v", got, back, l.n, tc.want)
@@ -318,65 +318,65 @@ func TestTwinLineKeepsTheOrder(t *testing.T) {
 }
 
 type held struct {
-	first *pendingVersion
-	ok    bool
+	lead *leader
+	ok   bool
 }
 
-// holdInBackground holds a watch from k with no client deadline and
-// sends what hold returned.
-func holdInBackground(p *pendingVersions, k versionKey) <-chan held {
+// coalesceInBackground holds a watch from k with no client deadline and
+// sends what coalesce returned.
+func coalesceInBackground(p *coalescer, k versionKey) <-chan held {
 	c := make(chan held, 1)
 	go func() {
-		f, ok := p.hold(context.Background(), k, time.Hour)
+		f, ok := p.coalesce(context.Background(), k, time.Hour)
 		c <- held{f, ok}
 	}()
 	return c
 }
 
-// holdJoined holds a watch from k in the background and returns once it
-// waits among the twins.
-func holdJoined(t *testing.T, p *pendingVersions, k versionKey) <-chan held {
+// coalesceJoined holds a watch from k in the background and returns once it
+// waits among the followers.
+func coalesceJoined(t *testing.T, p *coalescer, k versionKey) <-chan held {
 	t.Helper()
-	return holdJoinedWith(t, p, k, context.Background(), time.Hour)
+	return coalesceJoinedWith(t, p, k, context.Background(), time.Hour)
 }
 
-// holdJoinedWith is holdJoined for a client context and a longest wait.
-func holdJoinedWith(t *testing.T, p *pendingVersions, k versionKey, ctx context.Context, maxWait time.Duration) <-chan held {
+// coalesceJoinedWith is coalesceJoined for a client context and a longest wait.
+func coalesceJoinedWith(t *testing.T, p *coalescer, k versionKey, ctx context.Context, maxWait time.Duration) <-chan held {
 	t.Helper()
 	waiting := func() int {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if pv := p.m[k]; pv != nil {
-			return pv.twins.n
+			return pv.followers.n
 		}
 		return 0
 	}
 	before := waiting()
 	c := make(chan held, 1)
 	go func() {
-		f, ok := p.hold(ctx, k, maxWait)
+		f, ok := p.coalesce(ctx, k, maxWait)
 		c <- held{f, ok}
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for waiting() == before {
 		if time.Now().After(deadline) {
-			t.Fatal("the watch did not join the twins")
+			t.Fatal("the watch did not join the followers")
 		}
 		time.Sleep(time.Millisecond)
 	}
 	return c
 }
 
-// wantAsks fails unless the held watch went on, within 5s, as the first
+// wantAsks fails unless the held watch went on, within 5s, as the leader
 // to ask, and returns what it carries.
-func wantAsks(t *testing.T, c <-chan held, who string) *pendingVersion {
+func wantAsks(t *testing.T, c <-chan held, who string) *leader {
 	t.Helper()
 	select {
 	case h := <-c:
-		if !h.ok || h.first == nil {
-			t.Fatalf("%s got first=%v ok=%v, want it to ask", who, h.first, h.ok)
+		if !h.ok || h.lead == nil {
+			t.Fatalf("%s got lead=%v ok=%v, want it to ask", who, h.lead, h.ok)
 		}
-		return h.first
+		return h.lead
 	case <-time.After(5 * time.Second):
 		t.Fatalf("%s still waits", who)
 	}
@@ -388,49 +388,49 @@ func wantWaits(t *testing.T, c <-chan held, who string) {
 	t.Helper()
 	select {
 	case h := <-c:
-		t.Fatalf("%s went on (first=%v ok=%v), want it to wait", who, h.first, h.ok)
+		t.Fatalf("%s went on (lead=%v ok=%v), want it to wait", who, h.lead, h.ok)
 	case <-time.After(20 * time.Millisecond):
 	}
 }
 
 // wantGoesOnWithoutAsking fails unless the held watch went on, within 5s,
-// without being the first to ask.
+// without being the leader.
 func wantGoesOnWithoutAsking(t *testing.T, c <-chan held, who string) {
 	t.Helper()
 	select {
 	case h := <-c:
-		if !h.ok || h.first != nil {
-			t.Errorf("%s got first=%v ok=%v, want it to go on without asking", who, h.first, h.ok)
+		if !h.ok || h.lead != nil {
+			t.Errorf("%s got lead=%v ok=%v, want it to go on without asking", who, h.lead, h.ok)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatalf("%s still waits", who)
 	}
 }
 
-// A twin's wait is bounded in all, however many firsts learn nothing, and
+// A follower's wait is bounded in all, however many leaders learn nothing, and
 // ends when its own client leaves.
-func TestATwinsWaitIsBounded(t *testing.T) {
-	p := newPendingVersions()
+func TestAFollowersWaitIsBounded(t *testing.T) {
+	p := newCoalescer()
 	k := versionKey{resource: "pods", version: 7}
-	first, _ := p.join(&twin{ctx: context.Background()}, k)
-	defer first.abandon()
+	lead, _ := p.join(&follower{ctx: context.Background()}, k)
+	defer lead.handOver()
 	start := time.Now()
-	if f, ok := p.hold(context.Background(), k, 30*time.Millisecond); f != nil || !ok {
-		t.Errorf("after the longest wait: first=%v ok=%v, want to go on without asking", f, ok)
+	if f, ok := p.coalesce(context.Background(), k, 30*time.Millisecond); f != nil || !ok {
+		t.Errorf("after the longest wait: lead=%v ok=%v, want to go on without asking", f, ok)
 	}
 	if waited := time.Since(start); waited < 30*time.Millisecond {
 		t.Errorf("waited %v, want the whole 30ms", waited)
 	}
 	ctx, leave := context.WithCancel(context.Background())
 	leave()
-	if _, ok := p.hold(ctx, k, time.Hour); ok {
+	if _, ok := p.coalesce(ctx, k, time.Hour); ok {
 		t.Error("hold says go on for a client that left")
 	}
 }
 
 func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
-	p := newPendingVersions()
-	floor := pendingVersionQuietWindow
+	p := newCoalescer()
+	floor := leaderQuietWindow
 	steps := []struct {
 		observe time.Duration // 0: observe nothing
 		want    time.Duration
@@ -439,7 +439,7 @@ func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
 		{50 * time.Millisecond, floor}, // 2×50ms is under the floor
 		{200 * time.Millisecond, 400 * time.Millisecond}, // twice the slowest gap
 		{100 * time.Millisecond, 400 * time.Millisecond}, // a faster 410 does not shrink it
-		{3 * time.Second, maxPendingVersionQuietWindow},  // capped
+		{3 * time.Second, maxLeaderQuietWindow},          // capped
 	}
 	for i, s := range steps {
 		if s.observe > 0 {
@@ -451,11 +451,11 @@ func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
 	}
 }
 
-// When the first watch from a stale version learns nothing (its client
+// When the leader from a stale version learns nothing (its client
 // left before the API server answered, the API server failed it), its
-// twins do not all go upstream: one of them asks in its place and the
+// followers do not all go upstream: one of them asks in its place and the
 // others wait for that one's verdict.
-func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
+func TestFollowersOfALeaderThatLearntNothingAskOnce(t *testing.T) {
 	for name, firstAnswer := range map[string]func(w http.ResponseWriter, r *http.Request){
 		"its client left before the answer": func(w http.ResponseWriter, r *http.Request) {
 			<-r.Context().Done()
@@ -476,7 +476,7 @@ func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
 			answer := make(chan struct{})
 			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if upstream.Add(1) == 1 {
-					<-answer // the twins are waiting by now
+					<-answer // the followers are waiting by now
 					firstAnswer(w, r)
 					return
 				}
@@ -511,7 +511,7 @@ func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
 					bodies[i] = string(body)
 				})
 			}
-			time.Sleep(50 * time.Millisecond) // let the twins join
+			time.Sleep(50 * time.Millisecond) // let the followers join
 			if name == "its client left before the answer" {
 				leave()
 			}
@@ -519,7 +519,7 @@ func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
 			wg.Wait()
 			<-firstDone
 			if got := upstream.Load(); got != 2 {
-				t.Errorf("%d upstream watches, want 2 (the first and one twin in its place)", got)
+				t.Errorf("%d upstream watches, want 2 (the leader and one follower in its place)", got)
 			}
 			local := 0
 			for _, b := range bodies {
@@ -528,28 +528,28 @@ func TestTwinsOfAFirstThatLearntNothingAskOnce(t *testing.T) {
 				}
 			}
 			if local != 3 {
-				t.Errorf("%d twins answered locally, want 3 (bodies %q)", local, bodies)
+				t.Errorf("%d followers answered locally, want 3 (bodies %q)", local, bodies)
 			}
 		})
 	}
 }
 
-// A twin waits for at most two firsts: the one it found and one that took
+// A follower waits for at most two leaders: the one it found and one that took
 // its place. A caller that queued watches from the version ahead of the
-// twin and drops each as it becomes the first holds the twin for two of
-// them, not for pendingVersionWait.
-func TestATwinWaitsForAtMostTwoFirsts(t *testing.T) {
-	p := newPendingVersions()
+// follower and drops each as it becomes the leader holds the follower for two of
+// them, not for followerWait.
+func TestAFollowerWaitsForAtMostTwoLeaders(t *testing.T) {
+	p := newCoalescer()
 	k := versionKey{resource: "pods", version: 7}
-	first, _ := p.join(&twin{ctx: context.Background()}, k)
-	defer first.abandon()
-	callers := []<-chan held{holdJoined(t, p, k), holdJoined(t, p, k)}
-	waiting := holdJoined(t, p, k)
-	first.abandon()
+	lead, _ := p.join(&follower{ctx: context.Background()}, k)
+	defer lead.handOver()
+	callers := []<-chan held{coalesceJoined(t, p, k), coalesceJoined(t, p, k)}
+	waiting := coalesceJoined(t, p, k)
+	lead.handOver()
 	second := wantAsks(t, callers[0], "the caller's first queued watch")
-	wantWaits(t, waiting, "the twin, while its second first asks,")
-	second.abandon()
+	wantWaits(t, waiting, "the follower, while its second leader asks,")
+	second.handOver()
 	third := wantAsks(t, callers[1], "the caller's second queued watch")
-	defer third.abandon()
-	wantGoesOnWithoutAsking(t, waiting, "after two firsts left, the twin")
+	defer third.handOver()
+	wantGoesOnWithoutAsking(t, waiting, "after two leaders left, the follower")
 }
