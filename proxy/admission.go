@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,14 +14,6 @@ import (
 
 	"github.com/watchgate/watchgate/ratelimit"
 )
-
-// DecisionHeader names the decision and the budget on every response to a
-// request a budget governs, e.g.
-//
-//	X-Watchgate-Decision: allow; budget=agents
-//	X-Watchgate-Decision: reject; reason=RateLimited; budget=agents; retry-after=2
-//	X-Watchgate-Decision: dryrun-reject; reason=TooManyWatches; budget=agents
-const DecisionHeader = "X-Watchgate-Decision"
 
 // admission asks the engine about every watch and list and answers the
 // rejected ones itself.
@@ -180,7 +171,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	}
 	defer ws.end()
 	if !a.watches.add(ws) {
-		writeStatus(w, r, serviceUnavailable(shuttingDownMessage))
+		writeStatus(w, r, serviceUnavailable(shuttingDownMessage, 1))
 		return
 	}
 	defer a.watches.remove(ws)
@@ -247,17 +238,11 @@ func decisionLabel(d ratelimit.Decision) string {
 	}
 }
 
+// decisionHeader is DecisionHeader's value for the engine's decision d.
 func decisionHeader(d ratelimit.Decision) string {
-	var b strings.Builder
-	b.WriteString(decisionLabel(d))
-	if d.Reason != ratelimit.ReasonNone {
-		b.WriteString("; reason=")
-		b.WriteString(string(d.Reason))
-	}
-	b.WriteString("; budget=")
-	b.WriteString(d.Budget)
+	retryAfter := 0
 	if !d.Allowed && d.Reason != ratelimit.ReasonStaleResourceVersion {
-		fmt.Fprintf(&b, "; retry-after=%d", retryAfterSeconds(d.RetryAfter))
+		retryAfter = retryAfterSeconds(d.RetryAfter)
 	}
-	return b.String()
+	return formatDecision(decisionLabel(d), string(d.Reason), d.Budget, retryAfter)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -190,13 +189,12 @@ func withWatchGuard(g *watchGuard, next http.Handler) http.Handler {
 		}
 		guardRejections.WithLabelValues(reason).Inc()
 		requestsTotal.WithLabelValues("watch", "reject", reason, "", "").Inc()
-		w.Header().Set(DecisionHeader, fmt.Sprintf("reject; reason=%s; retry-after=%d", reason, guardRetryAfterSeconds))
+		w.Header().Set(DecisionHeader, formatDecision("reject", reason, "", guardRetryAfterSeconds))
 		var e *apierrors.StatusError
 		if reason == GuardMemoryHighWater {
-			e = apierrors.NewServiceUnavailable(fmt.Sprintf(
+			e = serviceUnavailable(fmt.Sprintf(
 				"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
-				s.inUse>>20, s.limit>>20, guardRetryAfterSeconds))
-			e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: guardRetryAfterSeconds}
+				s.inUse>>20, s.limit>>20, guardRetryAfterSeconds), guardRetryAfterSeconds)
 		} else {
 			e = apierrors.NewTooManyRequests(fmt.Sprintf(
 				"watchgate forwards its maximum of %d watches on this replica, please try again in %ds",
