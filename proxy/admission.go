@@ -32,14 +32,20 @@ type admission struct {
 	coalescer    *coalescer
 	quietWindow  time.Duration
 	followerWait time.Duration
+	// guard, when not nil, shares the replica's watches among the callers
+	// (see watchGuard); it decides after the budget.
+	guard *watchGuard
 }
 
 // withAdmission decides every budgeted request (see classify) with the
 // engine; everything else passes untouched. A rejected watch or list is
 // answered after a short delay (the engine's retry-after, at most maxDelay,
 // cut short when the client leaves): a stale watch with a 200 ERROR/410
-// stream, anything else with 429 and Retry-After. An admitted watch is
-// followed to its end (watchState).
+// stream, anything else with 429 and Retry-After. An admitted watch then
+// asks the watch guard for a place on the replica, and is followed to its
+// end (watchState). So a watch holds a guard place only once its budget
+// admitted it: never while it follows a leader, nor through a rejection's
+// delay.
 func withAdmission(a *admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := classificationFrom(r.Context())
@@ -49,9 +55,10 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		caller := callerName(r.Context())
 		var lead *leader
 		if k, ok := coalescingKey(c); ok && a.coalescer != nil {
-			if lead, ok = a.coalescer.coalesce(r.Context(), k, a.followerWait); !ok {
+			if lead, ok = a.coalescer.coalesce(r.Context(), k, caller, a.followerWait); !ok {
 				return // the client left
 			}
 			if lead != nil {
@@ -73,6 +80,20 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
+			if a.guard != nil {
+				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
+				if reason != "" {
+					// Its budget admitted it, but it is not forwarded: its
+					// slot goes back, and its followers need not wait.
+					a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
+					if lead != nil {
+						lead.handOver()
+					}
+					a.guard.refuse(w, r, reason, mem)
+					return
+				}
+				defer a.guard.release(caller)
+			}
 			a.serveWatch(w, r, c, &d, start, lead, next)
 		default:
 			next.ServeHTTP(w, r)

@@ -39,6 +39,16 @@ const (
 	// quiet: the first event ends the wait.
 	leaderQuietWindow    = 250 * time.Millisecond
 	maxLeaderQuietWindow = time.Second
+	// maxFollowers caps the followers waiting at once, and
+	// maxFollowersPerCaller those of one caller (authenticated identity):
+	// a caller at its bound, or any caller while the coalescer is full,
+	// goes on without waiting, as when the table is full, so that one
+	// caller's followers cannot fill the coalescer for the others. A
+	// follower costs a fixed few hundred bytes besides its request, and
+	// each caller with followers one map entry that shares the caller's
+	// name with its requests.
+	maxFollowers          = 8192
+	maxFollowersPerCaller = 256
 )
 
 // versionKey is what a resourceVersion's verdict is about: the version
@@ -91,11 +101,18 @@ func coalescingKey(c *classification) (versionKey, bool) {
 // State is bounded in count (maxCoalescedVersions) and bytes
 // (maxCoalescedVersionBytes); when full, watches are not coalesced.
 // Waiting followers are kept in the order they came, one small entry each
-// for as long as its request waits. It is safe for concurrent use.
+// for as long as its request waits, at most maxFollowers in all and
+// maxFollowersPerCaller per caller: beyond, a watch goes on without
+// waiting. A follower holds no place of the replica's watch guard (it is
+// decided after its wait). It is safe for concurrent use.
 type coalescer struct {
 	mu    sync.Mutex
 	m     map[versionKey]*leader
 	bytes int
+	// waiting counts the followers waiting per caller, waitingAll in
+	// all; p.mu guards them.
+	waiting    map[string]int
+	waitingAll int
 	// slowestStale is the longest gap seen between a watch's 200 and its
 	// ERROR 410 event, in nanoseconds.
 	slowestStale atomic.Int64
@@ -139,6 +156,10 @@ type leader struct {
 // follower is a watch waiting in coalesce; the table's lock guards its fields.
 type follower struct {
 	ctx context.Context
+	// caller is the authenticated caller of its request; placed is set
+	// while it counts among the coalescer's waiting followers.
+	caller string
+	placed bool
 	// on is the leader whose followers it is among; nil when it is
 	// not waiting.
 	on *leader
@@ -188,7 +209,39 @@ func (l *followerLine) remove(fw *follower) {
 }
 
 func newCoalescer() *coalescer {
-	return &coalescer{m: map[versionKey]*leader{}}
+	return &coalescer{m: map[versionKey]*leader{}, waiting: map[string]int{}}
+}
+
+// placeLocked counts fw among the waiting followers, if its caller and the
+// coalescer are below their bounds; it reports whether fw may wait. p.mu
+// must be held.
+func (p *coalescer) placeLocked(fw *follower) bool {
+	if fw.placed {
+		return true
+	}
+	if p.waitingAll >= maxFollowers || p.waiting[fw.caller] >= maxFollowersPerCaller {
+		return false
+	}
+	fw.placed = true
+	p.waiting[fw.caller]++
+	p.waitingAll++
+	return true
+}
+
+// unplace stops counting fw among the waiting followers.
+func (p *coalescer) unplace(fw *follower) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !fw.placed {
+		return
+	}
+	fw.placed = false
+	p.waitingAll--
+	if n := p.waiting[fw.caller] - 1; n > 0 {
+		p.waiting[fw.caller] = n
+	} else {
+		delete(p.waiting, fw.caller)
+	}
 }
 
 func versionKeyBytes(k versionKey) int {
@@ -215,6 +268,9 @@ func (p *coalescer) joinLocked(fw *follower, k versionKey) (lead, wait *leader) 
 	if pv, ok := p.m[k]; ok {
 		// Its client is there, or it is being resolved (which then
 		// releases fw with the others).
+		if !p.placeLocked(fw) {
+			return nil, nil
+		}
 		fw.on = pv
 		pv.followers.push(fw)
 		return nil, pv
@@ -303,19 +359,21 @@ func (p *coalescer) len() int {
 	return len(p.m)
 }
 
-// coalesce is what a watch from k (whose request context is ctx) does before
-// it is decided: it returns the leader to carry when this watch is
-// the leader, nil when it need not ask (the leader settled the
-// verdict, the table is full, or it waited maxWait in all), and false when
-// its own client left while it waited. A follower asks in the place of a leader
-// that learnt nothing when it has waited longest, or waits for whoever
-// does: for maxLeadersFollowed leaders at most.
-func (p *coalescer) coalesce(ctx context.Context, k versionKey, maxWait time.Duration) (lead *leader, ok bool) {
-	fw := &follower{ctx: ctx}
+// coalesce is what a watch from k (whose request context is ctx, whose
+// caller is caller) does before it is decided: it returns the leader to
+// carry when this watch is the leader, nil when it need not ask (the
+// leader settled the verdict, the table or the caller's followers are
+// full, or it waited maxWait in all), and false when its own client left
+// while it waited. A follower asks in the place of a leader that learnt
+// nothing when it has waited longest, or waits for whoever does: for
+// maxLeadersFollowed leaders at most.
+func (p *coalescer) coalesce(ctx context.Context, k versionKey, caller string, maxWait time.Duration) (lead *leader, ok bool) {
+	fw := &follower{ctx: ctx, caller: caller}
 	lead, wait := p.join(fw, k)
 	if wait == nil {
 		return lead, true
 	}
+	defer p.unplace(fw)
 	watchesCoalesced.Inc()
 	t := time.NewTimer(maxWait)
 	defer t.Stop()

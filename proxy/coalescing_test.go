@@ -327,7 +327,7 @@ type held struct {
 func coalesceInBackground(p *coalescer, k versionKey) <-chan held {
 	c := make(chan held, 1)
 	go func() {
-		f, ok := p.coalesce(context.Background(), k, time.Hour)
+		f, ok := p.coalesce(context.Background(), k, "alice", time.Hour)
 		c <- held{f, ok}
 	}()
 	return c
@@ -354,7 +354,7 @@ func coalesceJoinedWith(t *testing.T, p *coalescer, k versionKey, ctx context.Co
 	before := waiting()
 	c := make(chan held, 1)
 	go func() {
-		f, ok := p.coalesce(ctx, k, maxWait)
+		f, ok := p.coalesce(ctx, k, "alice", maxWait)
 		c <- held{f, ok}
 	}()
 	deadline := time.Now().Add(5 * time.Second)
@@ -415,7 +415,7 @@ func TestAFollowersWaitIsBounded(t *testing.T) {
 	lead, _ := p.join(&follower{ctx: context.Background()}, k)
 	defer lead.handOver()
 	start := time.Now()
-	if f, ok := p.coalesce(context.Background(), k, 30*time.Millisecond); f != nil || !ok {
+	if f, ok := p.coalesce(context.Background(), k, "alice", 30*time.Millisecond); f != nil || !ok {
 		t.Errorf("after the longest wait: lead=%v ok=%v, want to go on without asking", f, ok)
 	}
 	if waited := time.Since(start); waited < 30*time.Millisecond {
@@ -423,7 +423,7 @@ func TestAFollowersWaitIsBounded(t *testing.T) {
 	}
 	ctx, leave := context.WithCancel(context.Background())
 	leave()
-	if _, ok := p.coalesce(ctx, k, time.Hour); ok {
+	if _, ok := p.coalesce(ctx, k, "alice", time.Hour); ok {
 		t.Error("hold says go on for a client that left")
 	}
 }

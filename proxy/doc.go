@@ -16,11 +16,13 @@
 //	withBudgetIdentity  only for what a budget decides: Impersonate-* headers → the budget
 //	                    identity, when a SubjectAccessReview (cached, fair per caller) says the
 //	                    caller may impersonate
-//	withWatchGuard      the replica's own limits, before any budget: new watches get 503 above
-//	                    --memory-high-water-percent of GOMEMLIMIT, 429 at --max-watches
-//	withAdmission       engine.Decide: stale version → 200 with one ERROR/410 event in
-//	                    the client's framing; over budget → 429 Status + Retry-After after
-//	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
+//	withAdmission       coalescing.go, then engine.Decide: stale version → 200 with one ERROR/410
+//	                    event in the client's framing; over budget → 429 Status + Retry-After
+//	                    after a short bounded delay; X-Watchgate-Decision on every budgeted
+//	                    answer. Then an admitted watch asks the watch guard (watchguard.go) for
+//	                    a place on the replica: 503 above --memory-high-water-percent of
+//	                    GOMEMLIMIT, 429 at --max-watches, at --max-watches-per-identity, and
+//	                    near either limit beyond the caller's fair share
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
 //	                    admitted watch's 200 headers are sent at once (watchheaders.go)
 //
@@ -99,7 +101,7 @@
 // watchgate_proxy_service_account_key_refreshes_total{result},
 // watchgate_proxy_credentials_refused_total{reason},
 // watchgate_proxy_logs_suppressed_total,
-// watchgate_proxy_guard_rejections_total{reason},
+// watchgate_proxy_guard_rejections_total{reason}, watchgate_proxy_guard_callers,
 // watchgate_proxy_memory_in_use_bytes, watchgate_proxy_memory_limit_bytes.
 //
 // Server is a controller-runtime Runnable that runs on every replica. On
