@@ -553,3 +553,37 @@ func TestAFollowerWaitsForAtMostTwoLeaders(t *testing.T) {
 	defer third.handOver()
 	wantGoesOnWithoutAsking(t, waiting, "after two leaders left, the follower")
 }
+
+// One caller's followers cannot fill the coalescer: beyond
+// maxFollowersPerCaller its next watch goes on without waiting, while
+// another caller's still waits; a follower that stops waiting frees its
+// place.
+func TestFollowersAreBoundedPerCaller(t *testing.T) {
+	p := newCoalescer()
+	k := versionKey{resource: "pods", version: 5}
+	ctx := context.Background()
+	lead, _ := p.join(&follower{ctx: ctx, caller: "alice"}, k)
+	if lead == nil {
+		t.Fatal("want a leader")
+	}
+	defer lead.settle()
+	for i := range maxFollowersPerCaller {
+		if _, w := p.join(&follower{ctx: ctx, caller: "alice"}, k); w == nil {
+			t.Fatalf("alice's follower %d does not wait", i)
+		}
+	}
+	if f, w := p.join(&follower{ctx: ctx, caller: "alice"}, k); f != nil || w != nil {
+		t.Errorf("alice's follower beyond her bound: lead=%v wait=%v, want it to go on", f, w)
+	}
+	bob := &follower{ctx: ctx, caller: "bob"}
+	if _, w := p.join(bob, k); w == nil {
+		t.Fatal("bob's follower does not wait")
+	}
+	p.mu.Lock()
+	p.leaveLocked(bob)
+	p.mu.Unlock()
+	p.unplace(bob)
+	if n, all := p.waiting["bob"], p.waitingAll; n != 0 || all != maxFollowersPerCaller {
+		t.Errorf("after bob left: bob %d, all %d; want 0 and %d", n, all, maxFollowersPerCaller)
+	}
+}
