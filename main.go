@@ -66,7 +66,9 @@ type options struct {
 	upstreamTimeout    time.Duration
 	shutdownGrace      time.Duration
 	maxWatches         int
-	memoryHighWater    int
+	// maxWatchesPerIdentity 0: a quarter of maxWatches (proxy.Options).
+	maxWatchesPerIdentity int
+	memoryHighWater       int
 
 	// Security knobs of the proxy (docs/operators.md, "Security model").
 	maxHeaderBytes              int
@@ -124,6 +126,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.")
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
 	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit; 0: no cap.")
+	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	o.zap.BindFlags(fs)
 }
@@ -175,6 +178,9 @@ func (o *options) validate() error {
 	}
 	if o.maxWatches < 0 {
 		errs = append(errs, fmt.Errorf("--max-watches %d: must not be negative", o.maxWatches))
+	}
+	if o.maxWatchesPerIdentity < 0 || (o.maxWatches > 0 && o.maxWatchesPerIdentity > o.maxWatches) {
+		errs = append(errs, fmt.Errorf("--max-watches-per-identity %d: must be between 0 and --max-watches (%d)", o.maxWatchesPerIdentity, o.maxWatches))
 	}
 	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
 		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
@@ -359,6 +365,7 @@ func run(ctx context.Context, args []string) error {
 		ServiceAccountAudiences:                splitList(o.serviceAccountAudiences),
 
 		MaxWatches:             o.maxWatches,
+		MaxWatchesPerIdentity:  o.maxWatchesPerIdentity,
 		MemoryHighWaterPercent: o.memoryHighWater,
 	})
 	if err != nil {

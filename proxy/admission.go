@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,14 +14,6 @@ import (
 
 	"github.com/watchgate/watchgate/ratelimit"
 )
-
-// DecisionHeader names the decision and the budget on every response to a
-// request a budget governs, e.g.
-//
-//	X-Watchgate-Decision: allow; budget=agents
-//	X-Watchgate-Decision: reject; reason=RateLimited; budget=agents; retry-after=2
-//	X-Watchgate-Decision: dryrun-reject; reason=TooManyWatches; budget=agents
-const DecisionHeader = "X-Watchgate-Decision"
 
 // admission asks the engine about every watch and list and answers the
 // rejected ones itself.
@@ -35,20 +26,26 @@ type admission struct {
 	// caps how many rejections wait at once.
 	maxDelay   time.Duration
 	delaySlots chan struct{}
-	// pending holds back concurrent watches from one resourceVersion
-	// while the first asks the API server (nil: none are held);
-	// quietWindow and pendingWait are its timings (see pendingVersions).
-	pending     *pendingVersions
-	quietWindow time.Duration
-	pendingWait time.Duration
+	// coalescer holds back followers, concurrent watches from one
+	// resourceVersion, while their leader asks the API server (nil: none
+	// are held); quietWindow and followerWait are its timings.
+	coalescer    *coalescer
+	quietWindow  time.Duration
+	followerWait time.Duration
+	// guard, when not nil, shares the replica's watches among the callers
+	// (see watchGuard); it decides after the budget.
+	guard *watchGuard
 }
 
 // withAdmission decides every budgeted request (see classify) with the
 // engine; everything else passes untouched. A rejected watch or list is
 // answered after a short delay (the engine's retry-after, at most maxDelay,
 // cut short when the client leaves): a stale watch with a 200 ERROR/410
-// stream, anything else with 429 and Retry-After. An admitted watch is
-// followed to its end (watchState).
+// stream, anything else with 429 and Retry-After. An admitted watch then
+// asks the watch guard for a place on the replica, and is followed to its
+// end (watchState). So a watch holds a guard place only once its budget
+// admitted it: never while it follows a leader, nor through a rejection's
+// delay.
 func withAdmission(a *admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := classificationFrom(r.Context())
@@ -58,31 +55,46 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		var first *pendingVersion
-		if k, ok := pendingVersionKey(c); ok && a.pending != nil {
-			if first, ok = a.pending.hold(r.Context(), k, a.pendingWait); !ok {
+		caller := callerName(r.Context())
+		var lead *leader
+		if k, ok := coalescingKey(c); ok && a.coalescer != nil {
+			if lead, ok = a.coalescer.coalesce(r.Context(), k, caller, a.followerWait); !ok {
 				return // the client left
 			}
-			if first != nil {
-				defer first.abandon()
+			if lead != nil {
+				defer lead.handOver()
 			}
 		}
 		start := a.clock.Now()
 		d := a.decide(w, r, c, id, start)
 		switch {
 		case !d.Allowed:
-			if first != nil {
-				// Its twins need not wait out the rejection's delay: the
+			if lead != nil {
+				// Its followers need not wait out the rejection's delay: the
 				// engine knows the version stale, or they ask themselves.
 				if d.Reason == ratelimit.ReasonStaleResourceVersion {
-					first.settle()
+					lead.settle()
 				} else {
-					first.abandon()
+					lead.handOver()
 				}
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
-			a.serveWatch(w, r, c, &d, start, first, next)
+			if a.guard != nil {
+				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
+				if reason != "" {
+					// Its budget admitted it, but it is not forwarded: its
+					// slot goes back, and its followers need not wait.
+					a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
+					if lead != nil {
+						lead.handOver()
+					}
+					a.guard.refuse(w, r, reason, mem)
+					return
+				}
+				defer a.guard.release(caller)
+			}
+			a.serveWatch(w, r, c, &d, start, lead, next)
 		default:
 			next.ServeHTTP(w, r)
 		}
@@ -169,18 +181,18 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 
 // serveWatch forwards an admitted watch and reports its end to the engine,
 // also when the proxy panics out of the stream (http.ErrAbortHandler).
-// first, when not nil, is the version this watch asks about for its twins.
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, first *pendingVersion, next http.Handler) {
+// lead, when not nil, is the version this watch asks about as its followers' leader.
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, lead *leader, next http.Handler) {
 	st, r := stateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: *d, started: start,
-		clientCtx: r.Context(), cancel: cancel, verdict: first, quietWindow: a.quietWindow, pending: a.pending,
+		clientCtx: r.Context(), cancel: cancel, verdict: lead, quietWindow: a.quietWindow, coalescer: a.coalescer,
 	}
 	defer ws.end()
 	if !a.watches.add(ws) {
-		writeStatus(w, r, serviceUnavailable(shuttingDownMessage))
+		writeStatus(w, r, serviceUnavailable(shuttingDownMessage, 1))
 		return
 	}
 	defer a.watches.remove(ws)
@@ -247,17 +259,11 @@ func decisionLabel(d ratelimit.Decision) string {
 	}
 }
 
+// decisionHeader is DecisionHeader's value for the engine's decision d.
 func decisionHeader(d ratelimit.Decision) string {
-	var b strings.Builder
-	b.WriteString(decisionLabel(d))
-	if d.Reason != ratelimit.ReasonNone {
-		b.WriteString("; reason=")
-		b.WriteString(string(d.Reason))
-	}
-	b.WriteString("; budget=")
-	b.WriteString(d.Budget)
+	retryAfter := 0
 	if !d.Allowed && d.Reason != ratelimit.ReasonStaleResourceVersion {
-		fmt.Fprintf(&b, "; retry-after=%d", retryAfterSeconds(d.RetryAfter))
+		retryAfter = retryAfterSeconds(d.RetryAfter)
 	}
-	return b.String()
+	return formatDecision(decisionLabel(d), string(d.Reason), d.Budget, retryAfter)
 }

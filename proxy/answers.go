@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,13 +65,42 @@ func writeStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusEr
 const shuttingDownMessage = "watchgate is shutting down, please try again"
 
 // serviceUnavailable is the 503 Status the proxy answers when it cannot
-// serve a request now (shutting down, API server or reviews unreachable),
-// with details.retryAfterSeconds 1, so that writeStatus adds Retry-After
-// and client-go retries after a second.
-func serviceUnavailable(message string) *apierrors.StatusError {
+// serve a request now (shutting down, near its memory limit, API server or
+// reviews unreachable), with details.retryAfterSeconds, so that
+// writeStatus adds Retry-After and client-go retries after that long.
+func serviceUnavailable(message string, retryAfterSeconds int) *apierrors.StatusError {
 	e := apierrors.NewServiceUnavailable(message)
-	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: int32(retryAfterSeconds)}
 	return e
+}
+
+// DecisionHeader names the decision, its reason and the budget on every
+// response to a request a budget governs or the watch guard refused, e.g.
+//
+//	X-Watchgate-Decision: allow; budget=agents
+//	X-Watchgate-Decision: reject; reason=RateLimited; budget=agents; retry-after=2
+//	X-Watchgate-Decision: dryrun-reject; reason=TooManyWatches; budget=agents
+//	X-Watchgate-Decision: reject; reason=FairShare; retry-after=5
+const DecisionHeader = "X-Watchgate-Decision"
+
+// formatDecision is DecisionHeader's value: the decision, then the reason,
+// the budget and the retry-after in seconds, each when set.
+func formatDecision(decision, reason, budget string, retryAfterSeconds int) string {
+	var b strings.Builder
+	b.WriteString(decision)
+	if reason != "" {
+		b.WriteString("; reason=")
+		b.WriteString(reason)
+	}
+	if budget != "" {
+		b.WriteString("; budget=")
+		b.WriteString(budget)
+	}
+	if retryAfterSeconds > 0 {
+		b.WriteString("; retry-after=")
+		b.WriteString(strconv.Itoa(retryAfterSeconds))
+	}
+	return b.String()
 }
 
 // tooOldMessage is the message of a locally answered stale watch. It starts

@@ -105,7 +105,7 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 // reviewUnavailable is the fail-closed answer when a review failed: 503
 // with Retry-After.
 func reviewUnavailable(what string) *apierrors.StatusError {
-	return serviceUnavailable(what + " is unavailable, please try again later")
+	return serviceUnavailable(what+" is unavailable, please try again later", 1)
 }
 
 // clientAddress is the IP the request came from, without port: the

@@ -48,6 +48,14 @@ func callerFrom(ctx context.Context) (user.Info, bool) {
 	return nil, false
 }
 
+// callerName is the caller's user name, "" before authentication.
+func callerName(ctx context.Context) string {
+	if u, ok := callerFrom(ctx); ok {
+		return u.GetName()
+	}
+	return ""
+}
+
 // impersonatedFrom reports whether the budget identity is an impersonated
 // one (withBudgetIdentity honoured the headers).
 func impersonatedFrom(ctx context.Context) bool {

@@ -16,11 +16,13 @@
 //	withBudgetIdentity  only for what a budget decides: Impersonate-* headers → the budget
 //	                    identity, when a SubjectAccessReview (cached, fair per caller) says the
 //	                    caller may impersonate
-//	withWatchGuard      the replica's own limits, before any budget: new watches get 503 above
-//	                    --memory-high-water-percent of GOMEMLIMIT, 429 at --max-watches
-//	withAdmission       engine.Decide: stale version → 200 with one ERROR/410 event in
-//	                    the client's framing; over budget → 429 Status + Retry-After after
-//	                    a short bounded delay; X-Watchgate-Decision on every budgeted answer
+//	withAdmission       coalescing.go, then engine.Decide: stale version → 200 with one ERROR/410
+//	                    event in the client's framing; over budget → 429 Status + Retry-After
+//	                    after a short bounded delay; X-Watchgate-Decision on every budgeted
+//	                    answer. Then an admitted watch asks the watch guard (watchguard.go) for
+//	                    a place on the replica: 503 above --memory-high-water-percent of
+//	                    GOMEMLIMIT, 429 at --max-watches, at --max-watches-per-identity, and
+//	                    near either limit beyond the caller's fair share
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
 //	                    admitted watch's 200 headers are sent at once (watchheaders.go)
 //
@@ -47,14 +49,28 @@
 // failure) goes to engine.WatchEnded exactly once.
 //
 // Concurrent watches from one explicit resourceVersion ask the API server
-// once (pendingversions.go): while the first one's verdict is unknown its
-// twins wait (bounded), then are decided again, so they get the local 410
-// once the engine learnt the version stale, or go upstream. A first watch
-// that learns nothing (its client left, it was rejected, the API server
-// failed it) hands over: the twin that has waited longest asks in its place
-// and the others wait for that one, so the storm still costs one upstream
-// WATCH per stale version, and a watch that comes later cannot take the
-// place of one that waits.
+// once: request coalescing with hand-over (coalescing.go). The first watch
+// from a (group, resource, version) is the leader and goes on; the others
+// that come while its verdict is unknown are followers and wait (bounded),
+// then are decided again, so they get the local 410 once the engine learnt
+// the version stale, or go upstream. A leader that learns nothing (its
+// client left, it was rejected, the API server failed it) hands over: the
+// follower that has waited longest becomes the leader and asks, the others
+// follow it, so the storm still costs one upstream WATCH per stale version,
+// and a watch that comes later cannot take the place of one that waits.
+//
+//	watch from resourceVersion N (not "" or "0")
+//	  │
+//	  ├─ nobody asks about N ──▶ leader: decided, upstream
+//	  │                            ├─ ERROR 410 event ─────────▶ settled stale
+//	  │                            ├─ other event, quiet 200 ──▶ settled valid
+//	  │                            └─ learns nothing ──────────▶ hand-over
+//	  │                                                              │
+//	  └─ a leader asks ─────────▶ follower waiting ◀─────────────────┘ (the others)
+//	                               ├─ handed over ───────▶ leader (the longest waiting)
+//	                               ├─ settled stale ─────▶ answered locally: 200, ERROR 410
+//	                               ├─ settled valid ─────▶ decided, upstream
+//	                               └─ 2 leaders or 5 s ──▶ decided, upstream
 //
 // Caller-chosen strings in logs are cut (boundedForLog), and a collection
 // GET whose query does not parse is logged by the proxy, sampled, instead of

@@ -119,17 +119,21 @@ func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.
 
 func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptest.Server {
 	t.Helper()
+	return newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond}, upstream)
+}
+
+// newTestAdmission serves the whole chain in front of upstream with adm,
+// whose engine, maxDelay and guard the caller sets; the rest is filled in.
+func newTestAdmission(t testing.TB, adm *admission, upstream *rest.Config) *httptest.Server {
+	t.Helper()
 	target, transport, err := upstreamTransport(upstream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := discardLogs()
-	adm := &admission{
-		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs,
-		maxDelay: 50 * time.Millisecond, delaySlots: make(chan struct{}, 8),
-		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
-	}
-	h := chain(testTokens, testImpersonation, FailClosed, nil, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
+	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
+	h := chain(testTokens, testImpersonation, FailClosed, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

@@ -1,21 +1,14 @@
 package proxy
 
 import (
-	"fmt"
 	"math"
-	"net/http"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-
-	"github.com/watchgate/watchgate/ratelimit"
 )
 
 const (
@@ -23,29 +16,9 @@ const (
 	// Options.MemoryHighWaterPercent: new watches are refused once the Go
 	// runtime's memory in use passes 85% of its memory limit (GOMEMLIMIT).
 	DefaultMemoryHighWaterPercent = 85
-	// DefaultMaxWatches is the default of --max-watches: the watches one
-	// replica forwards at once with the chart's default memory limit
-	// (512 Mi, GOMEMLIMIT 90% of it), as `make load` measures a replica held
-	// at this cap.
-	DefaultMaxWatches = 4000
 	// memorySampleInterval is how often the guard reads the runtime's
 	// memory; between samples a watch open costs two atomic loads.
 	memorySampleInterval = 250 * time.Millisecond
-	// guardRetryAfterSeconds is the Retry-After of a guard refusal: long
-	// enough for watches to end or the collector to catch up, short enough
-	// for client-go's REST client, which waits and retries up to 10 times.
-	guardRetryAfterSeconds = 5
-)
-
-// Guard reasons, in X-Watchgate-Decision and
-// watchgate_proxy_guard_rejections_total.
-const (
-	// GuardMemoryHighWater: memory in use above the high-water mark of the
-	// memory limit; answered 503 ServiceUnavailable.
-	GuardMemoryHighWater = "MemoryHighWater"
-	// GuardMaxWatches: the replica forwards MaxWatches watches already;
-	// answered 429 TooManyRequests.
-	GuardMaxWatches = "MaxWatches"
 )
 
 // MemoryReader returns the memory the process uses and the limit it must
@@ -87,133 +60,50 @@ type memorySample struct {
 	inUse, limit uint64
 }
 
-// watchGuard protects the replica itself, whatever the budgets say: it
-// refuses new watches when the process nears its memory limit, so that the
-// pod answers 503 instead of being OOM-killed (and taking every routed
-// agent's watches with it), and when it already forwards maxWatches. Open
-// watches are never cut. It is safe for concurrent use.
-type watchGuard struct {
-	// maxWatches caps watch requests in flight through the replica; 0 is
-	// no cap.
-	maxWatches int64
-	// highWater is the fraction of the memory limit above which new
-	// watches are refused; at 1 or above, or without a limit, memory is
-	// not checked.
-	highWater float64
-	read      MemoryReader
-	clock     clock.PassiveClock
-	every     time.Duration
-
-	open   atomic.Int64
+// memorySampler reads the process's memory at most every
+// memorySampleInterval: between samples a reading costs an atomic load. It
+// is safe for concurrent use.
+type memorySampler struct {
+	read   MemoryReader
+	every  time.Duration
 	sample atomic.Pointer[memorySample]
 	// sampling is held by the one caller refreshing the sample.
 	sampling sync.Mutex
 }
 
-func newWatchGuard(maxWatches, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *watchGuard {
+func newMemorySampler(read MemoryReader) *memorySampler {
 	if read == nil {
 		read = RuntimeMemory
 	}
-	g := &watchGuard{
-		maxWatches: int64(maxWatches), highWater: float64(highWaterPercent) / 100,
-		read: read, clock: clk, every: memorySampleInterval,
-	}
-	g.sample.Store(&memorySample{})
-	return g
+	m := &memorySampler{read: read, every: memorySampleInterval}
+	m.sample.Store(&memorySample{})
+	return m
 }
 
-// guardVerdict decides one watch open: "" to admit, else the Guard reason.
-// open counts the watches in flight before this one. Memory is checked
-// first: it is the limit that kills the pod.
-func guardVerdict(open, maxWatches int64, inUse, limit uint64, highWater float64) string {
-	if highWater > 0 && highWater < 1 && limit > 0 && float64(inUse) > highWater*float64(limit) {
-		return GuardMemoryHighWater
-	}
-	if maxWatches > 0 && open >= maxWatches {
-		return GuardMaxWatches
-	}
-	return ""
-}
-
-// memory returns a sample at most g.every old at now, refreshing it when
-// it is older and no other caller is refreshing it already.
-func (g *watchGuard) memory(now time.Time) *memorySample {
-	s := g.sample.Load()
-	if now.Sub(s.at) < g.every || !g.sampling.TryLock() {
+// at returns a sample at most m.every old at now, refreshing it when it is
+// older and no other caller is refreshing it already.
+func (m *memorySampler) at(now time.Time) *memorySample {
+	s := m.sample.Load()
+	if now.Sub(s.at) < m.every || !m.sampling.TryLock() {
 		return s
 	}
-	defer g.sampling.Unlock()
-	inUse, limit := g.read()
+	defer m.sampling.Unlock()
+	inUse, limit := m.read()
 	s = &memorySample{at: now, inUse: inUse, limit: limit}
-	g.sample.Store(s)
+	m.sample.Store(s)
 	memoryInUseBytes.Set(float64(inUse))
 	memoryLimitBytes.Set(float64(limit))
 	return s
 }
 
-// admit takes a place for one watch at now, or returns the reason it
-// cannot; after "", call release when the watch ends.
-func (g *watchGuard) admit(now time.Time) (reason string, s *memorySample) {
-	s = g.memory(now)
-	for {
-		open := g.open.Load()
-		if r := guardVerdict(open, g.maxWatches, s.inUse, s.limit, g.highWater); r != "" {
-			return r, s
-		}
-		if g.open.CompareAndSwap(open, open+1) {
-			return "", s
-		}
-	}
+// above reports whether the sample is above fraction of its limit; never
+// without a limit or for a fraction of 0, or 1 and more.
+func (s *memorySample) above(fraction float64) bool {
+	return fraction > 0 && fraction < 1 && s.limit > 0 && float64(s.inUse) > fraction*float64(s.limit)
 }
 
-func (g *watchGuard) release() { g.open.Add(-1) }
-
-// withWatchGuard refuses new watches the replica cannot afford (see
-// watchGuard) before any budget is consulted, with a Status and
-// Retry-After that client-go waits for and retries: 503 above the memory
-// high-water mark, 429 at MaxWatches. Everything but watch opens passes;
-// a nil g lets everything pass.
-func withWatchGuard(g *watchGuard, next http.Handler) http.Handler {
-	if g == nil {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, ok := classificationFrom(r.Context())
-		if !ok || c.Verb != ratelimit.VerbWatch {
-			next.ServeHTTP(w, r)
-			return
-		}
-		reason, s := g.admit(g.clock.Now())
-		if reason == "" {
-			defer g.release()
-			next.ServeHTTP(w, r)
-			return
-		}
-		guardRejections.WithLabelValues(reason).Inc()
-		requestsTotal.WithLabelValues("watch", "reject", reason, "", "").Inc()
-		w.Header().Set(DecisionHeader, fmt.Sprintf("reject; reason=%s; retry-after=%d", reason, guardRetryAfterSeconds))
-		var e *apierrors.StatusError
-		if reason == GuardMemoryHighWater {
-			e = apierrors.NewServiceUnavailable(fmt.Sprintf(
-				"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
-				s.inUse>>20, s.limit>>20, guardRetryAfterSeconds))
-			e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: guardRetryAfterSeconds}
-		} else {
-			e = apierrors.NewTooManyRequests(fmt.Sprintf(
-				"watchgate forwards its maximum of %d watches on this replica, please try again in %ds",
-				g.maxWatches, guardRetryAfterSeconds), guardRetryAfterSeconds)
-		}
-		writeStatus(w, r, e)
-	})
-}
-
-// The guard's metrics, next to the guard (registered with the proxy's).
+// The memory sampler's metrics (registered with the proxy's).
 var (
-	guardRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_guard_rejections_total",
-		Help: "Watch opens refused by the replica's own guard before any budget, by reason (MemoryHighWater, MaxWatches).",
-	}, []string{"reason"})
-
 	memoryInUseBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "watchgate_proxy_memory_in_use_bytes",
 		Help: "Memory the Go runtime uses, as the watch guard last sampled it (mapped, minus released to the OS and free heap spans).",
@@ -226,5 +116,5 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(guardRejections, memoryInUseBytes, memoryLimitBytes)
+	ctrlmetrics.Registry.MustRegister(memoryInUseBytes, memoryLimitBytes)
 }

@@ -30,9 +30,9 @@ var (
 		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403).",
 	}, []string{"outcome"})
 
-	watchesHeld = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "watchgate_proxy_watches_held_total",
-		Help: "Watch opens held back while another watch from the same resourceVersion asked the API server whether it is too old.",
+	watchesCoalesced = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "watchgate_proxy_watches_coalesced_total",
+		Help: "Followers: watch opens held back while their leader, another watch from the same resourceVersion, asked the API server whether it is too old.",
 	})
 
 	staleVersionsLearned = prometheus.NewCounter(prometheus.CounterOpts{
@@ -63,6 +63,6 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesHeld,
+	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesCoalesced,
 		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled, logsSuppressed)
 }

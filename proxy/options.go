@@ -143,6 +143,15 @@ type Options struct {
 	// (watchgate_proxy_guard_rejections_total{reason="MaxWatches"}).
 	// 0: no cap (main's --max-watches defaults to DefaultMaxWatches).
 	MaxWatches int
+	// MaxWatchesPerIdentity caps the watches one caller (authenticated
+	// identity, whoever it impersonates) holds through this replica at
+	// once; beyond it a watch open gets 429 with Retry-After
+	// (reason="MaxWatchesPerIdentity"). 0: a quarter of MaxWatches, so that
+	// one caller never fills a replica (none without MaxWatches); at most
+	// MaxWatches. Near MaxWatches
+	// or the memory mark each caller is also held to its fair share (see
+	// watchGuard).
+	MaxWatchesPerIdentity int
 	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
 	// while the Go runtime's memory in use is above this percentage of its
 	// memory limit (GOMEMLIMIT); without a limit memory is not checked.
@@ -228,6 +237,9 @@ func (o *Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("reviewFailurePolicy: must be %q or %q, got %q", FailClosed, FailOpen, o.ReviewFailurePolicy))
 	}
+	if o.MaxWatchesPerIdentity < 0 || (o.MaxWatches > 0 && o.MaxWatchesPerIdentity > o.MaxWatches) {
+		errs = append(errs, fmt.Errorf("maxWatchesPerIdentity: must be within 0–maxWatches (0: a quarter of maxWatches), got %d", o.MaxWatchesPerIdentity))
+	}
 	if o.MemoryHighWaterPercent < 0 || o.MemoryHighWaterPercent > 100 {
 		errs = append(errs, fmt.Errorf("memoryHighWaterPercent: must be within 1–100 (0: default), got %d", o.MemoryHighWaterPercent))
 	}
@@ -291,6 +303,9 @@ func (o Options) complete() Options {
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
 	defInt(&o.MemoryHighWaterPercent, DefaultMemoryHighWaterPercent)
+	if o.MaxWatchesPerIdentity == 0 && o.MaxWatches > 0 {
+		o.MaxWatchesPerIdentity = max(1, o.MaxWatches/defaultMaxWatchesPerIdentityDivisor)
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}

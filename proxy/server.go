@@ -117,11 +117,10 @@ func NewServer(opts Options) (*Server, error) {
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
-		pending: newPendingVersions(), quietWindow: pendingVersionQuietWindow, pendingWait: pendingVersionWait,
+		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
+		guard: newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock),
 	}
-
-	guard := newWatchGuard(o.MaxWatches, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
-	h := chain(tokens, impersonation, o.ReviewFailurePolicy, guard, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs,
@@ -129,11 +128,11 @@ func NewServer(opts Options) (*Server, error) {
 }
 
 // chain builds the filter chain, once: authenticate, classify, find the
-// budget identity (only for what a budget decides), guard the replica, admit, forward;
-// the handler's stack is grown first (withGrownStack).
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, guard *watchGuard, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
+// budget identity (only for what a budget decides), admit (the budget,
+// then the replica's watch guard), forward; the handler's stack is grown
+// first (withGrownStack).
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
-	h = withWatchGuard(guard, h)
 	h = withBudgetIdentity(impersonation, policy, logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
 	h = withAuthentication(tokens, policy, logs, h)

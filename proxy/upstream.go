@@ -117,12 +117,12 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 			}
 			switch {
 			case stopped:
-				writeStatus(w, r, serviceUnavailable(shuttingDownMessage))
+				writeStatus(w, r, serviceUnavailable(shuttingDownMessage, 1))
 			case errors.Is(err, http.ErrAbortHandler), r.Context().Err() != nil:
 				// The client left; nobody to answer.
 			default:
 				logs.Info("Cannot reach the API server", "method", r.Method, "path", boundedForLog(r.URL.Path), "err", err.Error())
-				writeStatus(w, r, serviceUnavailable("the API server is unreachable through watchgate, please try again"))
+				writeStatus(w, r, serviceUnavailable("the API server is unreachable through watchgate, please try again", 1))
 			}
 		},
 	}

@@ -64,13 +64,13 @@ func BenchmarkWatchOpen(b *testing.B) {
 				_ = resp.Body.Close()
 			}
 			open() // the connection
-			held := counterValue(b, watchesHeld)
+			held := counterValue(b, watchesCoalesced)
 			b.ReportAllocs()
 			for b.Loop() {
 				open()
 			}
 			// Opens that waited for the previous open's verdict.
-			b.ReportMetric((counterValue(b, watchesHeld)-held)/float64(b.N), "held/op")
+			b.ReportMetric((counterValue(b, watchesCoalesced)-held)/float64(b.N), "held/op")
 		})
 	}
 }

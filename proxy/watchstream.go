@@ -38,15 +38,15 @@ type watchState struct {
 	// upstream request's context, derived from it.
 	clientCtx context.Context
 	cancel    context.CancelFunc
-	// verdict, when not nil, is the pending version this watch asks the
-	// API server about for its twins (pendingVersions); quietWindow is how
+	// verdict, when not nil, is the version this watch asks the
+	// API server about for its followers (coalescer); quietWindow is how
 	// long after a 200 without an ERROR event the version counts as valid.
-	verdict     *pendingVersion
+	verdict     *leader
 	quietWindow time.Duration
 	quiet       *time.Timer
-	// pending, when not nil, learns how long after its 200 a stale watch's
+	// coalescer, when not nil, learns how long after its 200 a stale watch's
 	// ERROR 410 came (answeredAt), to size the quiet window.
-	pending    *pendingVersions
+	coalescer  *coalescer
 	answeredAt time.Time
 
 	stopped      atomic.Bool  // the proxy closed the watch (shutdown)
@@ -78,13 +78,13 @@ func (ws *watchState) clientGone() bool {
 func (ws *watchState) upstreamAnswered(resp *http.Response) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// A watch over WebSocket is relayed, not inspected: it will learn
-		// nothing, so its twins go on.
+		// nothing, so its followers go on.
 		ws.settleVerdict()
 		return
 	}
 	ws.upstreamCode.Store(int32(resp.StatusCode))
 	if resp.StatusCode != http.StatusOK {
-		ws.abandonVerdict()
+		ws.handOverVerdict()
 		return
 	}
 	ws.answeredAt = ws.clock.Now()
@@ -94,8 +94,8 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 		// kube-apiserver sends the ERROR event of a too old version right
 		// behind the headers; a quiet stream means the version is valid.
 		window := ws.quietWindow
-		if ws.pending != nil {
-			window = ws.pending.window(window)
+		if ws.coalescer != nil {
+			window = ws.coalescer.window(window)
 		}
 		ws.quiet = time.AfterFunc(window, ws.verdict.settle)
 	}
@@ -106,7 +106,7 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 // the watch (shutdown).
 func (ws *watchState) upstreamFailed() (stoppedByProxy bool) {
 	ws.transportErr.Store(true)
-	ws.abandonVerdict()
+	ws.handOverVerdict()
 	return ws.stopped.Load()
 }
 
@@ -121,7 +121,7 @@ func (ws *watchState) end() {
 		if ws.quiet != nil {
 			ws.quiet.Stop()
 		}
-		ws.abandonVerdict()
+		ws.handOverVerdict()
 		outcome := ratelimit.OutcomeClosed
 		if b := ws.body; b != nil {
 			_ = b.Close()
@@ -151,7 +151,7 @@ func (ws *watchState) end() {
 	})
 }
 
-// settleVerdict releases the twins waiting on this watch's version, if
+// settleVerdict releases the followers waiting on this watch's version, if
 // any, with its verdict: they decide again, answered locally if the
 // engine has learnt the version stale, upstream otherwise.
 func (ws *watchState) settleVerdict() {
@@ -160,11 +160,11 @@ func (ws *watchState) settleVerdict() {
 	}
 }
 
-// abandonVerdict releases the twins waiting on this watch's version, if
+// handOverVerdict releases the followers waiting on this watch's version, if
 // any and not settled, without a verdict: one of them asks in its place.
-func (ws *watchState) abandonVerdict() {
+func (ws *watchState) handOverVerdict() {
 	if ws.verdict != nil {
-		ws.verdict.abandon()
+		ws.verdict.handOver()
 	}
 }
 
@@ -176,12 +176,12 @@ func (ws *watchState) sawEvent() {
 
 // sawError is called for every ERROR event in the stream with its object.
 // A Status with code 410 teaches the engine that the request's
-// resourceVersion is stale, before any twin waiting on it decides.
+// resourceVersion is stale, before any follower waiting on it decides.
 func (ws *watchState) sawError(obj runtime.Object) {
 	ws.errorEvent.Store(true)
 	status, ok := obj.(*metav1.Status)
 	if !ok || status.Code != 410 {
-		ws.abandonVerdict()
+		ws.handOverVerdict()
 		return
 	}
 	rv := ws.c.ResourceVersion
@@ -192,8 +192,8 @@ func (ws *watchState) sawError(obj runtime.Object) {
 	now := ws.clock.Now()
 	ws.engine.StaleVersionSeen(now, ws.c.APIGroup, ws.c.Resource, rv)
 	staleVersionsLearned.Inc()
-	if ws.pending != nil && !ws.answeredAt.IsZero() {
-		ws.pending.observeStale(now.Sub(ws.answeredAt))
+	if ws.coalescer != nil && !ws.answeredAt.IsZero() {
+		ws.coalescer.observeStale(now.Sub(ws.answeredAt))
 	}
 	ws.log.Info("Learned stale resourceVersion", "group", ws.c.APIGroup, "resource", ws.c.Resource,
 		"resourceVersion", boundedForLog(rv), "message", boundedForLog(status.Message))

@@ -100,11 +100,11 @@ func (e *Engine) dropBackoff(id *identity) {
 //     ShortWatch, is a failure: the key's next watch waits backoffDelay
 //     after now;
 //   - otherwise, and after OutcomeDenied (the caller's rights are at
-//     fault, not the watch), nothing changes.
+//     fault, not the watch) or OutcomeNotForwarded, nothing changes.
 //
 // The key is hashed only when something changes. id.sh.mu is held.
 func (e *Engine) learn(id *identity, req *requestKey, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
-	if bo.Initial <= 0 || outcome == OutcomeDenied {
+	if bo.Initial <= 0 || outcome == OutcomeDenied || outcome == OutcomeNotForwarded {
 		return
 	}
 	failed := outcome == OutcomeError || lifetime < bo.ShortWatch

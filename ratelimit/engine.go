@@ -398,7 +398,8 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 //     in [0, 1) — always within [Initial, Max]. With Initial 1s, Max 5m,
 //     a client whose watches die within a second waits about 1s, 2s, 4s,
 //     … then 5m;
-//   - otherwise, and always after OutcomeDenied, nothing changes.
+//   - otherwise, and always after OutcomeDenied or OutcomeNotForwarded,
+//     nothing changes.
 //
 // Beyond Options.MaxBackoffKeysPerIdentity (or MaxBackoffKeys) a failing
 // key's backoff is kept in the identity's overflow key, shared by all its

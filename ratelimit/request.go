@@ -180,4 +180,8 @@ const (
 	// caller's rights, not the watch, are at fault: it is neither a
 	// failure nor a success, and nothing is remembered for its key.
 	OutcomeDenied
+	// OutcomeNotForwarded: the watch was admitted but never reached the
+	// API server (the proxy's own guard refused it). Only its slot is
+	// released; nothing is remembered for its key.
+	OutcomeNotForwarded
 )

@@ -155,7 +155,7 @@ func run(ctx context.Context, c config) error {
 		fmt.Println("    cannot read watchgate's metrics:", err)
 	} else {
 		// A watch waits while another from the same version asks the API
-		// server (pendingVersions); sequential opens should not.
+		// server (coalescer); sequential opens should not.
 		fmt.Printf("    watchgate held %.0f of %.0f watch opens for another watch's verdict\n", held, opens)
 	}
 
@@ -333,7 +333,7 @@ func heldWatches(ctx context.Context, addr string) (held, opens float64, err err
 	if err != nil {
 		return 0, 0, err
 	}
-	return apiserver.Sum(fams, "watchgate_proxy_watches_held_total", nil),
+	return apiserver.Sum(fams, "watchgate_proxy_watches_coalesced_total", nil),
 		apiserver.Sum(fams, "watchgate_proxy_upstream_watch_opens_total", nil), nil
 }
 

@@ -36,6 +36,7 @@ func TestWatchGuardThroughTheProxy(t *testing.T) {
 	inUse.Store(100 << 20)
 	_, url, ca, _ := startProxyOn(t, env, engine, func(o *proxy.Options) {
 		o.MaxWatches = 2
+		o.MaxWatchesPerIdentity = 2 // one caller here; the ceiling has its own tests
 		o.MemoryReader = func() (uint64, uint64) { return inUse.Load(), 1 << 30 }
 	})
 	cfg := env.ConfigFor(sa.Token, url, ca)

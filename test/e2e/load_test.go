@@ -137,7 +137,8 @@ func TestLoad(t *testing.T) {
 	goMemLimit := limit * 9 / 10
 	{
 		max := proxy.DefaultMaxWatches
-		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)})
+		// One service account opens them all: lift its ceiling to the cap.
+		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)}, fmt.Sprintf("--max-watches-per-identity=%d", max))
 		ws := openWatches(t, p.url, sa.Token, path, max, nil)
 		if ws.opened() != max {
 			t.Errorf("opened %d of the %d watches the default cap allows (refused %v): the memory guard fires below the cap; lower DefaultMaxWatches",

@@ -134,7 +134,7 @@ func BenchmarkValidVersionWatchOpen(b *testing.B) {
 		b.Run(map[int]string{1: "alone", 8: "with7twins"}[twins], func(b *testing.B) {
 			var mu sync.Mutex
 			var lat []time.Duration
-			heldBefore := proxyMetric(b, "watchgate_proxy_watches_held_total", nil)
+			heldBefore := proxyMetric(b, "watchgate_proxy_watches_coalesced_total", nil)
 			for b.Loop() {
 				// A fresh valid version each round: a new object's, so that no
 				// watch of an earlier round is still asking about it.
@@ -163,7 +163,7 @@ func BenchmarkValidVersionWatchOpen(b *testing.B) {
 			if len(lat) > 0 {
 				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-				b.ReportMetric((proxyMetric(b, "watchgate_proxy_watches_held_total", nil)-heldBefore)/float64(b.N), "held/op")
+				b.ReportMetric((proxyMetric(b, "watchgate_proxy_watches_coalesced_total", nil)-heldBefore)/float64(b.N), "held/op")
 			}
 		})
 	}

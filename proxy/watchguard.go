@@ -1,0 +1,222 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+const (
+	// DefaultMaxWatches is the default of --max-watches: the watches one
+	// replica forwards at once with the chart's default memory limit
+	// (512 Mi, GOMEMLIMIT 90% of it).
+	DefaultMaxWatches = 4000
+	// defaultMaxWatchesPerIdentityDivisor derives the default of
+	// Options.MaxWatchesPerIdentity: a quarter of MaxWatches, so that at
+	// least four callers fill a replica, and one caller alone never does.
+	defaultMaxWatchesPerIdentityDivisor = 4
+	// fairShareFromPercent is how full the replica must be, in percent of
+	// MaxWatches, before each caller is held to its fair share.
+	fairShareFromPercent = 75
+	// fairShareMemoryFraction is the fraction of the memory high-water
+	// mark above which each caller is held to its fair share.
+	fairShareMemoryFraction = 0.9
+	// guardRetryAfterSeconds is the Retry-After of a guard refusal: long
+	// enough for watches to end or the collector to catch up, short enough
+	// for client-go's REST client, which waits and retries up to 10 times.
+	guardRetryAfterSeconds = 5
+)
+
+// Guard reasons, in X-Watchgate-Decision and
+// watchgate_proxy_guard_rejections_total.
+const (
+	// GuardMemoryHighWater: memory in use above the high-water mark of the
+	// memory limit; answered 503 ServiceUnavailable.
+	GuardMemoryHighWater = "MemoryHighWater"
+	// GuardMaxWatches: the replica forwards MaxWatches watches already;
+	// answered 429 TooManyRequests.
+	GuardMaxWatches = "MaxWatches"
+	// GuardMaxWatchesPerIdentity: the caller holds MaxWatchesPerIdentity
+	// of the replica's watches already; answered 429.
+	GuardMaxWatchesPerIdentity = "MaxWatchesPerIdentity"
+	// GuardFairShare: the replica is near its watch cap or memory mark and
+	// the caller holds its fair share of the watches or more; answered
+	// 429.
+	GuardFairShare = "FairShare"
+)
+
+// watchGuard protects the replica itself, whatever the budgets say, and
+// shares it fairly among the callers (authenticated identities, the ones
+// whose credentials the connection carries, never an impersonated name):
+//
+//   - above the memory high-water mark no new watch is admitted, so that
+//     the pod answers 503 instead of being OOM-killed (and taking every
+//     routed agent's watches with it);
+//   - at maxWatches no new watch is admitted;
+//   - a caller that holds perIdentity watches gets no more;
+//   - near the limits (fairShareFromPercent of maxWatches, or
+//     fairShareMemoryFraction of the memory mark) a caller that holds its
+//     fair share or more gets no more, while callers below their share still
+//     get in: max-min fairness over the callers holding watches (see
+//     fairShare).
+//
+// Open watches are never cut. The guard runs after the budget's decision,
+// for admitted watches only: a rejected watch, or one waiting for its
+// leader's verdict, holds no place.
+//
+// Each decision and release is O(1): one lock, one map lookup. State is
+// one map entry per caller holding watches (the key shares the caller's
+// name with its requests), so at most one per open watch. It is safe for
+// concurrent use.
+type watchGuard struct {
+	// maxWatches caps watches in flight through the replica; 0 is no cap.
+	maxWatches int64
+	// perIdentity caps one caller's watches in flight; 0 is no cap.
+	perIdentity int64
+	// highWater is the fraction of the memory limit above which new
+	// watches are refused; at 1 or above, or without a limit, memory is
+	// not checked.
+	highWater float64
+	memory    *memorySampler
+	clock     clock.PassiveClock
+
+	mu   sync.Mutex
+	open int64            // guarded by mu
+	held map[string]int64 // watches per caller holding any; guarded by mu
+}
+
+func newWatchGuard(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *watchGuard {
+	return &watchGuard{
+		maxWatches: int64(maxWatches), perIdentity: int64(perIdentity), highWater: float64(highWaterPercent) / 100,
+		memory: newMemorySampler(read), clock: clk, held: map[string]int64{},
+	}
+}
+
+// guardState is what the guard knows when it decides one watch open.
+type guardState struct {
+	// open is the watches in flight before this one; held those of its
+	// caller; callers the callers holding any.
+	open, held int64
+	callers    int
+	// highWater: memory is above the high-water mark; nearMemory: above
+	// fairShareMemoryFraction of it.
+	highWater, nearMemory bool
+}
+
+// guardVerdict decides one watch open: "" to admit, else the Guard reason.
+// Memory is checked first: it is the limit that kills the pod.
+func guardVerdict(s guardState, maxWatches, perIdentity int64) string {
+	switch {
+	case s.highWater:
+		return GuardMemoryHighWater
+	case maxWatches > 0 && s.open >= maxWatches:
+		return GuardMaxWatches
+	case perIdentity > 0 && s.held >= perIdentity:
+		return GuardMaxWatchesPerIdentity
+	}
+	nearCap := maxWatches > 0 && s.open*100 >= maxWatches*fairShareFromPercent
+	if (nearCap || s.nearMemory) && s.held >= fairShare(s, maxWatches) {
+		return GuardFairShare
+	}
+	return ""
+}
+
+// fairShare is the most watches one caller may hold while the replica is
+// near its limits: the capacity (maxWatches, or the watches open when there
+// is no cap and memory is what runs short) divided evenly among the callers
+// holding watches, counting the one asking, and at least 1. A caller below
+// it is admitted up to the cap itself, one above it is not, so the last
+// quarter of a replica goes to the callers that hold the least: max-min
+// fairness, without ever cutting an open watch.
+func fairShare(s guardState, maxWatches int64) int64 {
+	callers := int64(s.callers)
+	if s.held == 0 {
+		callers++
+	}
+	capacity := maxWatches
+	if capacity <= 0 {
+		capacity = s.open
+	}
+	return max(1, (capacity+callers-1)/callers)
+}
+
+// admit takes a place for one watch of caller at now, or returns the
+// reason it cannot; after "", call release(caller) when the watch ends.
+func (g *watchGuard) admit(now time.Time, caller string) (reason string, s *memorySample) {
+	s = g.memory.at(now)
+	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction)}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st.open, st.held, st.callers = g.open, g.held[caller], len(g.held)
+	if reason = guardVerdict(st, g.maxWatches, g.perIdentity); reason != "" {
+		return reason, s
+	}
+	g.open++
+	g.held[caller] = st.held + 1
+	guardCallers.Set(float64(len(g.held)))
+	return "", s
+}
+
+// release gives back a place admit took for caller.
+func (g *watchGuard) release(caller string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.open--
+	if n := g.held[caller] - 1; n > 0 {
+		g.held[caller] = n
+	} else {
+		delete(g.held, caller)
+	}
+	guardCallers.Set(float64(len(g.held)))
+}
+
+// refuse answers a watch the guard refused for reason, with a Status and
+// Retry-After that client-go waits for and retries: 503 above the memory
+// high-water mark, 429 otherwise.
+func (g *watchGuard) refuse(w http.ResponseWriter, r *http.Request, reason string, s *memorySample) {
+	guardRejections.WithLabelValues(reason).Inc()
+	w.Header().Set(DecisionHeader, formatDecision("reject", reason, "", guardRetryAfterSeconds))
+	var e *apierrors.StatusError
+	switch reason {
+	case GuardMemoryHighWater:
+		e = serviceUnavailable(fmt.Sprintf(
+			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
+			s.inUse>>20, s.limit>>20, guardRetryAfterSeconds), guardRetryAfterSeconds)
+	case GuardMaxWatchesPerIdentity:
+		e = apierrors.NewTooManyRequests(fmt.Sprintf(
+			"watchgate forwards its maximum of %d watches per identity on this replica for you, please try again in %ds",
+			g.perIdentity, guardRetryAfterSeconds), guardRetryAfterSeconds)
+	case GuardFairShare:
+		e = apierrors.NewTooManyRequests(fmt.Sprintf(
+			"watchgate is near its capacity on this replica and you hold your fair share of its watches, please try again in %ds",
+			guardRetryAfterSeconds), guardRetryAfterSeconds)
+	default:
+		e = apierrors.NewTooManyRequests(fmt.Sprintf(
+			"watchgate forwards its maximum of %d watches on this replica, please try again in %ds",
+			g.maxWatches, guardRetryAfterSeconds), guardRetryAfterSeconds)
+	}
+	writeStatus(w, r, e)
+}
+
+// The guard's metrics, next to the guard (registered with the proxy's).
+var (
+	guardRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_guard_rejections_total",
+		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare).",
+	}, []string{"reason"})
+
+	guardCallers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "watchgate_proxy_guard_callers",
+		Help: "Callers (authenticated identities) holding at least one watch through this replica, among whom its watches are shared near its limits.",
+	})
+)
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(guardRejections, guardCallers)
+}

@@ -1,0 +1,339 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+func TestGuardVerdict(t *testing.T) {
+	for name, tc := range map[string]struct {
+		st               guardState
+		max, perIdentity int64
+		want             string
+	}{
+		"admits below every mark":                       {st: guardState{open: 10, callers: 3, held: 2}, max: 100},
+		"refuses above the high-water mark":             {st: guardState{open: 10, highWater: true, nearMemory: true}, max: 100, want: GuardMemoryHighWater},
+		"memory wins when both would refuse":            {st: guardState{open: 100, highWater: true}, max: 100, want: GuardMemoryHighWater},
+		"refuses at the watch cap":                      {st: guardState{open: 100}, max: 100, want: GuardMaxWatches},
+		"admits the last watch under the cap":           {st: guardState{open: 99}, max: 100},
+		"no cap when max is 0":                          {st: guardState{open: 1 << 40}},
+		"refuses a caller at its ceiling":               {st: guardState{open: 10, held: 25, callers: 1}, max: 100, perIdentity: 25, want: GuardMaxWatchesPerIdentity},
+		"admits a caller under its ceiling":             {st: guardState{open: 10, held: 24, callers: 1}, max: 100, perIdentity: 25},
+		"below 75% of the cap shares are not checked":   {st: guardState{open: 74, held: 70, callers: 2}, max: 100},
+		"near the cap a caller at its share is refused": {st: guardState{open: 75, held: 50, callers: 2}, max: 100, want: GuardFairShare},
+		// The newcomer counts: three callers share 100 watches.
+		"near the cap a newcomer is admitted":         {st: guardState{open: 98, held: 0, callers: 2}, max: 100},
+		"near the cap a caller under its share is in": {st: guardState{open: 90, held: 33, callers: 3}, max: 100},
+		"near the cap a caller at a third is out":     {st: guardState{open: 90, held: 34, callers: 3}, max: 100, want: GuardFairShare},
+		// Without a cap, near the memory mark the share is of what is open.
+		"near the memory mark above the mean is out": {st: guardState{open: 90, held: 45, callers: 2, nearMemory: true}, want: GuardFairShare},
+		"near the memory mark below the mean is in":  {st: guardState{open: 90, held: 44, callers: 2, nearMemory: true}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := guardVerdict(tc.st, tc.max, tc.perIdentity); got != tc.want {
+				t.Errorf("guardVerdict = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func noMemory() (uint64, uint64) { return 0, 0 }
+
+func TestGuardCapsWatches(t *testing.T) {
+	g := newWatchGuard(5, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			if r, _ := g.admit(time.Now(), string(rune('a'+i%26))); r == "" {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != 5 {
+		t.Fatalf("%d of 50 concurrent watches admitted under a cap of 5", n)
+	}
+	if r, _ := g.admit(time.Now(), "z"); r != GuardMaxWatches {
+		t.Errorf("at the cap: %q, want %q", r, GuardMaxWatches)
+	}
+}
+
+// Near the cap the replica's watches are shared max-min fairly among the
+// callers holding them: one that holds its share or more waits, one below
+// it gets in. Released places go back, and a caller's entry with them.
+func TestGuardSharesFairlyNearTheCap(t *testing.T) {
+	now := time.Now()
+	g := newWatchGuard(8, 0, 85, noMemory, clocktesting.NewFakePassiveClock(now))
+	steps := []struct {
+		caller string
+		want   string
+	}{
+		{"alice", ""}, {"alice", ""}, {"alice", ""}, {"alice", ""}, {"alice", ""},
+		{"alice", ""}, // 6 of 8 open: near the cap from now on
+		{"alice", ""}, // alone, alice's share is the whole replica
+		{"bob", ""},   // 8 open: the cap
+		{"bob", GuardMaxWatches},
+	}
+	for i, s := range steps {
+		if got, _ := g.admit(now, s.caller); got != s.want {
+			t.Fatalf("step %d (%s): %q, want %q", i, s.caller, got, s.want)
+		}
+	}
+	for range 3 {
+		g.release("alice")
+	}
+	// 5 open, alice 4, bob 1: below 75%; then near it, two callers share 8.
+	if got, _ := g.admit(now, "alice"); got != "" {
+		t.Fatalf("alice below 75%%: %q, want admitted", got)
+	}
+	if got, _ := g.admit(now, "alice"); got != GuardFairShare {
+		t.Errorf("alice at 5 of 6 open, share 4: %q, want %q", got, GuardFairShare)
+	}
+	if got, _ := g.admit(now, "carol"); got != "" {
+		t.Errorf("carol, a newcomer near the cap: %q, want admitted", got)
+	}
+	if got, _ := g.admit(now, "bob"); got != "" {
+		t.Errorf("bob, 1 of a share of 3: %q, want admitted", got)
+	}
+	for range 2 {
+		g.release("bob")
+	}
+	g.release("carol")
+	if n := len(g.held); n != 1 {
+		t.Errorf("%d callers tracked after bob and carol left, want 1", n)
+	}
+}
+
+// With the chart's defaults (a cap of DefaultMaxWatches and a catch-all
+// DryRun budget that refuses nothing) one caller cannot take a replica:
+// its own ceiling stops it at a quarter, and another caller still gets in.
+func TestTheDefaultsKeepOneCallerFromTakingTheReplica(t *testing.T) {
+	o := Options{MaxWatches: DefaultMaxWatches}.complete()
+	g := newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	n, reason := 0, ""
+	for ; n <= DefaultMaxWatches; n++ {
+		if reason, _ = g.admit(time.Now(), "mallory"); reason != "" {
+			break
+		}
+	}
+	if reason != GuardMaxWatchesPerIdentity || n != DefaultMaxWatches/4 {
+		t.Errorf("one caller opened %d watches, then %q; want %d, then %q", n, reason, DefaultMaxWatches/4, GuardMaxWatchesPerIdentity)
+	}
+	if r, _ := g.admit(time.Now(), "alice"); r != "" {
+		t.Errorf("another caller after that: %q, want admitted", r)
+	}
+}
+
+// guardedUpstream answers every watch 200 and ends it, except watches from
+// resourceVersion 5, which it holds without an answer until release closes.
+func guardedUpstream(t *testing.T, release <-chan struct{}) *rest.Config {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("resourceVersion") == "5" {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(up.Close)
+	return &rest.Config{Host: up.URL}
+}
+
+// waitFor waits, at most 5s, until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Watches their budget rejects wait out the rejection's delay without a
+// place of the replica's guard: another caller's first watch gets in. (It
+// got 429 MaxWatches when the guard came before the budget.)
+func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
+	engine := &fakeEngine{decide: func(r *ratelimit.Request) ratelimit.Decision {
+		if r.User == alice.Name {
+			return ratelimit.Decision{Reason: ratelimit.ReasonTooManyWatches, RetryAfter: 2 * time.Second, Budget: "tenants"}
+		}
+		return ratelimit.Decision{Allowed: true}
+	}}
+	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 2 * time.Second,
+		guard: newWatchGuard(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, nil))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 4 {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, px.URL+"/api/v1/namespaces/a/pods?watch=true", nil)
+			req.Header.Set("Authorization", "Bearer alice")
+			if resp, err := px.Client().Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	waitFor(t, "alice's watches to be waiting", func() bool { reqs, _, _ := engine.snapshot(); return len(reqs) >= 2 })
+	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the agent's watch while alice's rejected watches wait: HTTP %d %s (%s), want 200",
+			resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+	}
+	cancel()
+}
+
+// Followers waiting for their leader's verdict hold no guard place; only
+// the leader, which is forwarded, does.
+func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
+	release := make(chan struct{})
+	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond,
+		guard: newWatchGuard(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
+	before := counterValue(t, watchesCoalesced)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	for range 4 {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, px.URL+"/api/v1/namespaces/a/pods?watch=true&resourceVersion=5", nil)
+			req.Header.Set("Authorization", "Bearer alice")
+			if resp, err := px.Client().Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	// The leader is open upstream; the followers (one when they took guard
+	// places first) wait.
+	waitFor(t, "followers", func() bool { return counterValue(t, watchesCoalesced) > before })
+	time.Sleep(50 * time.Millisecond) // let any other follower reach the guard
+	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the agent's watch while alice's followers wait: HTTP %d %s (%s), want 200",
+			resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+	}
+}
+
+// The guard's answers: 503 with Retry-After above the memory mark, 429
+// with Retry-After at the cap, at the caller's ceiling and beyond its fair
+// share, each with the decision header and a Status a client can read;
+// lists pass, and a refused watch gives its budget slot back without
+// counting as a failure.
+func TestWatchGuardAnswers(t *testing.T) {
+	var inUse atomic.Uint64
+	inUse.Store(10 * mib)
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	release := make(chan struct{})
+	defer close(release)
+	engine := &fakeEngine{}
+	g := newWatchGuard(4, 2, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
+	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
+	check := func(token, path string, code int, reason metav1.StatusReason, header, message string) {
+		t.Helper()
+		resp, body := get(t, px, token, path)
+		var s metav1.Status
+		if err := json.Unmarshal(body, &s); err != nil {
+			t.Fatalf("body %q: %v", body, err)
+		}
+		if resp.StatusCode != code || s.Reason != reason || resp.Header.Get("Retry-After") != "5" || s.Details == nil ||
+			s.Details.RetryAfterSeconds != 5 || resp.Header.Get(DecisionHeader) != header || !strings.Contains(s.Message, message) {
+			t.Errorf("HTTP %d, Retry-After %q, %s %q, Status %+v; want %d %s, 5s, %q, a message with %q",
+				resp.StatusCode, resp.Header.Get("Retry-After"), DecisionHeader, resp.Header.Get(DecisionHeader), s, code, reason, header, message)
+		}
+	}
+	hold := func(token, ns string) {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, px.URL+"/api/v1/namespaces/"+ns+"/pods?watch=true&resourceVersion=5", nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			if resp, err := px.Client().Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	// Different groups, so that they are not followers of one another.
+	hold("alice", "a")
+	waitFor(t, "alice's first watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
+	holdPath := func(token, group string) {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, px.URL+"/apis/"+group+"/v1/things?watch=true&resourceVersion=5", nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			if resp, err := px.Client().Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	holdPath("alice", "one.example")
+	holdPath("agent", "two.example")
+	waitFor(t, "three watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 3 })
+	check("alice", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
+		"reject; reason=MaxWatchesPerIdentity; retry-after=5", "maximum of 2 watches per identity")
+	holdPath("agent", "three.example")
+	waitFor(t, "four watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 4 })
+	check("agent", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
+		"reject; reason=MaxWatches; retry-after=5", "maximum of 4 watches")
+	if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/configmaps"); resp.StatusCode != http.StatusOK {
+		t.Errorf("a list at the watch cap: HTTP %d, want it forwarded", resp.StatusCode)
+	}
+
+	inUse.Store(90 * mib)
+	clk.SetTime(clk.Now().Add(time.Second))
+	check("agent", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+		"reject; reason=MemoryHighWater; retry-after=5", "90 of 100 MiB")
+	// Every refused watch gave back the slot its budget gave it, without
+	// counting as a failed watch.
+	_, ended, _ := engine.snapshot()
+	if len(ended) != 3 {
+		t.Fatalf("%d watches ended, want the 3 refused", len(ended))
+	}
+	for _, o := range ended {
+		if o != ratelimit.OutcomeNotForwarded {
+			t.Errorf("a refused watch ended %v, want OutcomeNotForwarded", o)
+		}
+	}
+}
+
+// Near the memory mark a caller above the mean of what is open waits,
+// with 429 FairShare.
+func TestWatchGuardFairShareAnswer(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	var inUse atomic.Uint64
+	inUse.Store(10 * mib)
+	g := newWatchGuard(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
+	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, px.URL+"/api/v1/namespaces/a/pods?watch=true&resourceVersion=5", nil)
+		req.Header.Set("Authorization", "Bearer alice")
+		if resp, err := px.Client().Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "alice's watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
+	inUse.Store(80 * mib) // above 90% of the 85% mark
+	clk.SetTime(clk.Now().Add(time.Second))
+	resp, body := get(t, px, "alice", "/api/v1/namespaces/a/configmaps?watch=true")
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get(DecisionHeader) != "reject; reason=FairShare; retry-after=5" ||
+		resp.Header.Get("Retry-After") != "5" || !strings.Contains(string(body), "fair share") {
+		t.Errorf("alice near the memory mark: HTTP %d %q %s", resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+	}
+	if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/configmaps?watch=true"); resp.StatusCode != http.StatusOK {
+		t.Errorf("the agent near the memory mark: HTTP %d, want 200", resp.StatusCode)
+	}
+}
