@@ -34,7 +34,7 @@ import (
 
 	watchgatev1alpha1 "github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
-	"github.com/watchgate/watchgate/controllers/inject"
+	"github.com/watchgate/watchgate/inject"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -76,7 +76,7 @@ type options struct {
 	localServiceAccountTokens   bool
 	serviceAccountAudiences     string
 
-	// Injection (controllers/inject): on when webhookPort > 0.
+	// Injection (package inject): on when webhookPort > 0.
 	webhookPort       int
 	webhookCertFile   string
 	webhookKeyFile    string
