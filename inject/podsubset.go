@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -17,6 +18,13 @@ import (
 const maxMetadataMapBytes = 256 << 10
 
 var errMetadataTooLarge = errors.New("labels or annotations over 256 KiB")
+
+// maxContainers bounds the containers and init containers of a pod the
+// injector routes: routing works on corev1.Containers, several hundred
+// bytes each, which a flood of `{"name":"c"}` would multiply.
+const maxContainers = 256
+
+var errTooManyContainers = errors.New("more than 256 containers")
 
 // podSubset is the part of a Pod that routing reads and writes: the
 // decoder skips every other field of the review without storing it, so an
@@ -41,9 +49,48 @@ type podSubset struct {
 
 type containerSubset struct {
 	Name         string               `json:"name"`
-	Env          []corev1.EnvVar      `json:"env,omitempty"`
+	Env          envList              `json:"env,omitempty"`
 	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
 }
+
+// envList is a container's environment as routing needs it: how many
+// variables there are, and the KUBERNETES_SERVICE_* ones (routing appends
+// its own and leaves a pod that sets them alone). The others are counted,
+// not stored: a pointer each while decoding.
+type envList struct {
+	n     int
+	ours  []corev1.EnvVar
+	isNil bool
+}
+
+// envEntry decodes one variable only when it may be one of routing's.
+type envEntry struct{ v *corev1.EnvVar }
+
+func (e *envEntry) UnmarshalJSON(data []byte) error {
+	// An escaped name (\u...) is decoded to be read as the API server
+	// reads it.
+	if !bytes.Contains(data, []byte("KUBERNETES_SERVICE_")) && !bytes.Contains(data, []byte(`\u`)) {
+		return nil
+	}
+	e.v = &corev1.EnvVar{}
+	return json.Unmarshal(data, e.v)
+}
+
+func (l *envList) UnmarshalJSON(data []byte) error {
+	var entries []envEntry
+	if err := json.Unmarshal(data, &entries); err != nil {
+		return err
+	}
+	l.n = len(entries)
+	for _, e := range entries {
+		if e.v != nil {
+			l.ours = append(l.ours, *e.v)
+		}
+	}
+	return nil
+}
+
+func (l envList) MarshalJSON() ([]byte, error) { return json.Marshal(l.ours) }
 
 // volumeSubset is a volume's name and, for a projected volume (the
 // service-account volume routing replaces), its sources; other volumes'
@@ -83,10 +130,13 @@ func (s *podSubset) pod() (*corev1.Pod, error) {
 	spec := &pod.Spec
 	spec.HostNetwork = s.Spec.HostNetwork
 	spec.AutomountServiceAccountToken = s.Spec.AutomountServiceAccountToken
+	if len(s.Spec.InitContainers)+len(s.Spec.Containers) > maxContainers {
+		return nil, errTooManyContainers
+	}
 	convert := func(cs []containerSubset) []corev1.Container {
 		out := make([]corev1.Container, len(cs))
 		for i, c := range cs {
-			out[i] = corev1.Container{Name: c.Name, Env: c.Env, VolumeMounts: c.VolumeMounts}
+			out[i] = corev1.Container{Name: c.Name, Env: c.Env.ours, VolumeMounts: c.VolumeMounts}
 		}
 		return out
 	}
@@ -105,12 +155,18 @@ type snapshot struct {
 	annotations map[string]string
 	hadMap      bool
 	volumes     []string
-	// per container (init containers first): env length, mount names
-	envLen []int
-	mounts [][]string
+	// per container (init containers first): the variables the pod has
+	// (all of them, not only those the corev1.Pod holds), the variables
+	// the corev1.Pod holds, mount names
+	envTotal []int
+	envLen   []int
+	mounts   [][]string
 }
 
-func snapshotOf(pod *corev1.Pod) snapshot {
+// snapshotOf records pod before routing; envTotal is each container's
+// number of variables in the review (init containers first), when pod
+// holds only some of them (podSubset.pod).
+func snapshotOf(pod *corev1.Pod, envTotal []int) snapshot {
 	s := snapshot{hadMap: pod.Annotations != nil, annotations: make(map[string]string, 3)}
 	// Routing writes or removes only its own annotations.
 	for _, k := range []string{AnnotationStatus, AnnotationReason, AnnotationInjected} {
@@ -121,7 +177,12 @@ func snapshotOf(pod *corev1.Pod) snapshot {
 	for _, v := range pod.Spec.Volumes {
 		s.volumes = append(s.volumes, v.Name)
 	}
-	for _, c := range allContainers(&pod.Spec) {
+	for k, c := range allContainers(&pod.Spec) {
+		total := len(c.Env)
+		if envTotal != nil {
+			total = envTotal[k]
+		}
+		s.envTotal = append(s.envTotal, total)
 		s.envLen = append(s.envLen, len(c.Env))
 		names := make([]string, len(c.VolumeMounts))
 		for i, m := range c.VolumeMounts {
@@ -137,6 +198,19 @@ type patchOp struct {
 	Op    string `json:"op"`
 	Path  string `json:"path"`
 	Value any    `json:"value,omitempty"`
+}
+
+// envTotals is each container's number of variables in the review, init
+// containers first.
+func (s *podSubset) envTotals() []int {
+	var out []int
+	for _, c := range s.Spec.InitContainers {
+		out = append(out, c.Env.n)
+	}
+	for _, c := range s.Spec.Containers {
+		out = append(out, c.Env.n)
+	}
+	return out
 }
 
 // patchFrom is the JSON patch that turns the pod before (as s recorded it)
@@ -189,7 +263,7 @@ func patchFrom(s snapshot, pod *corev1.Pod) []patchOp {
 			}
 		}
 		switch n := s.envLen[k]; {
-		case n == 0 && len(c.Env) > 0:
+		case s.envTotal[k] == 0 && len(c.Env) > 0:
 			ops = append(ops, patchOp{Op: "add", Path: base + "/env", Value: c.Env})
 		default:
 			for _, e := range c.Env[n:] {

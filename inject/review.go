@@ -27,10 +27,10 @@ const (
 	// body (3 MiB): a pod the API server accepted, with the review around
 	// it, fits (etcd stores at most 1.5 MiB of it).
 	DefaultMaxReviewBytes = 3 << 20
-	// DefaultMaxConcurrentReviews: four reviews decoded at once keep the
-	// injector's memory for admissions near four bodies; one review takes
-	// about a millisecond.
-	DefaultMaxConcurrentReviews = 4
+	// DefaultMaxConcurrentReviews: two reviews decoded at once keep the
+	// injector's memory for admissions near a few bodies; a pod's review
+	// takes about a millisecond.
+	DefaultMaxConcurrentReviews = 2
 	// DefaultReviewQueueWait is how long a review waits for a free slot
 	// before it is answered 429 (well inside the webhook's timeoutSeconds).
 	DefaultReviewQueueWait = time.Second

@@ -75,7 +75,7 @@ func (p *PodInjector) admit(ctx context.Context, namespace string, obj *podSubse
 		podsTotal.WithLabelValues("unlabelled", "").Inc()
 		return nil, ""
 	}
-	before := snapshotOf(pod)
+	before := snapshotOf(pod, obj.envTotals())
 	switch {
 	case slices.Contains(p.ExcludedNamespaces, ns):
 		Skip(pod, SkipExcludedNamespace, "namespace "+ns+" is never routed")
