@@ -27,7 +27,7 @@ manifests: ## Render CRD and RBAC from the API types' markers into config/ and t
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	@# Injection's permissions (ConfigMaps, pods, namespaces cluster-wide)
 	@# are their own ClusterRole, granted only when injection is on.
-	$(CONTROLLER_GEN) rbac:roleName=watchgate-injector paths=./controllers/inject/... \
+	$(CONTROLLER_GEN) rbac:roleName=watchgate-injector paths=./inject/... \
 		output:rbac:artifacts:config=config/webhook/rbac
 	charts/watchgate/hack/sync-generated.sh
 

@@ -32,12 +32,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	watchgatev1alpha1 "github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
-	"github.com/watchgate/watchgate/controllers/inject"
+	"github.com/watchgate/watchgate/inject"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -46,17 +47,37 @@ import (
 // namespace (the pod's own).
 // +kubebuilder:rbac:groups="",namespace=watchgate-system,resources=events,verbs=create;patch
 
+// The metrics server authenticates and authorizes its scrapers
+// (--metrics-secure) with TokenReviews and SubjectAccessReviews.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// What each replica runs (--mode).
+const (
+	// modeAll is the proxy, the budget controllers and, with
+	// --webhook-port, the injection webhook and CA publisher.
+	modeAll = "all"
+	// modeProxy is the proxy and the budget controllers, never injection.
+	modeProxy = "proxy"
+	// modeInjector is the injection webhook and CA publisher only: the
+	// chart's separate injector Deployment, whose memory and permissions
+	// are apart from the data plane's.
+	modeInjector = "injector"
+)
+
 // version is stamped at build time (-ldflags "-X main.version=...").
 var version = "dev"
 
 // options are watchgate's command-line flags: Options → Validate → Complete
 // → Run, as kube-rbac-proxy does.
 type options struct {
+	mode               string
 	kubeconfig         string
 	proxyBindAddress   string
 	tlsCertFile        string
 	tlsPrivateKeyFile  string
 	metricsBindAddress string
+	metricsSecure      bool
 	probeBindAddress   string
 	pprofBindAddress   string
 	leaderElect        bool
@@ -69,6 +90,7 @@ type options struct {
 	// maxWatchesPerIdentity 0: a quarter of maxWatches (proxy.Options).
 	maxWatchesPerIdentity int
 	memoryHighWater       int
+	maxConnections        int
 
 	// Security knobs of the proxy (docs/operators.md, "Security model").
 	maxHeaderBytes              int
@@ -81,25 +103,28 @@ type options struct {
 	localServiceAccountTokens   bool
 	serviceAccountAudiences     string
 
-	// Injection (controllers/inject): on when webhookPort > 0.
+	// Injection (package inject): on when webhookPort > 0.
 	webhookPort       int
 	webhookCertFile   string
 	webhookKeyFile    string
 	caFile            string
 	injectServiceHost string
 	injectServicePort int
+	clusterDomain     string
 
 	zap zap.Options
 }
 
 func (o *options) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.mode, "mode", modeAll, "What this process runs: all (the proxy, the budget controllers and, with --webhook-port, pod injection), proxy (no injection), or injector (the injection webhook and CA publisher only, as a Deployment of their own).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig for the upstream API server and watchgate's own client. Empty: in-cluster configuration.")
 	fs.StringVar(&o.proxyBindAddress, "proxy-bind-address", ":8443", "Address the HTTPS proxy listens on.")
 	fs.StringVar(&o.tlsCertFile, "tls-cert-file", "", "Serving certificate of the proxy (PEM), reloaded when it changes. With --tls-private-key-file; a self-signed pair is generated when both are empty.")
 	fs.StringVar(&o.tlsPrivateKeyFile, "tls-private-key-file", "", "Private key of --tls-cert-file (PEM).")
-	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8080", "Address /metrics is served on (plain HTTP); \"0\" disables it.")
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8080", "Address /metrics is served on; \"0\" disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve /metrics over HTTPS to callers the API server authenticates (TokenReview) and authorizes for the non-resource URL /metrics, verb get (SubjectAccessReview). False: plain HTTP to anyone, for local runs. The probes are always plain HTTP.")
 	fs.StringVar(&o.probeBindAddress, "health-probe-bind-address", ":8081", "Address /healthz and /readyz are served on.")
-	fs.StringVar(&o.pprofBindAddress, "pprof-bind-address", "0", "Address Go's /debug/pprof/ profiles are served on (plain HTTP, no authentication: bind it to loopback); \"0\" (default) disables it.")
+	fs.StringVar(&o.pprofBindAddress, "pprof-bind-address", "0", "Address Go's /debug/pprof/ profiles are served on (plain HTTP, no authentication), a loopback address only (127.0.0.1:6060, [::1]:6060, localhost:6060); \"0\" (default) disables it.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader among replicas for the writes that need one (status pruning, conditions). The proxy and policy reload run on every replica.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader-election Lease. Empty: the pod's namespace ($POD_NAMESPACE), or kube-system outside a cluster.")
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status. Default $POD_NAME, else the host name.")
@@ -123,10 +148,12 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.webhookCertFile, "webhook-cert-file", "", "Serving certificate of the webhook (PEM), reloaded when it changes. Default --tls-cert-file.")
 	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "Private key of --webhook-cert-file, in the same folder. Default --tls-private-key-file.")
 	fs.StringVar(&o.caFile, "ca-file", "", "CA bundle (PEM) that signed the proxy's serving certificate, published to routed namespaces as ConfigMap watchgate-root-ca.crt and re-read every 10s. Default ca.crt beside --tls-cert-file (a kubernetes.io/tls Secret's layout).")
-	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.")
+	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.<--cluster-domain>.")
+	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "The cluster's DNS domain, which completes the default --inject-service-host to a fully qualified name.")
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
 	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit; 0: no cap.")
 	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
+	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes. Each idle connection costs about 40 KiB (TLS and buffers); 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	o.zap.BindFlags(fs)
 }
@@ -135,6 +162,18 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 // the same flags give the same message.
 func (o *options) validate() error {
 	var errs []error
+	switch o.mode {
+	case modeAll, modeProxy:
+	case modeInjector:
+		if o.webhookPort == 0 {
+			errs = append(errs, errors.New("--mode=injector needs --webhook-port"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--mode %q: must be all, proxy or injector", o.mode))
+	}
+	if o.mode == modeProxy && o.webhookPort != 0 {
+		errs = append(errs, errors.New("--webhook-port needs --mode=all or --mode=injector"))
+	}
 	if (o.tlsCertFile == "") != (o.tlsPrivateKeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file must be set together"))
 	}
@@ -158,6 +197,9 @@ func (o *options) validate() error {
 			errs = append(errs, fmt.Errorf("%s %q: %w", f.name, f.addr, err))
 		}
 	}
+	if o.pprofBindAddress != "0" && !isLoopback(o.pprofBindAddress) {
+		errs = append(errs, fmt.Errorf("--pprof-bind-address %q: must be a loopback address (profiles are served without authentication)", o.pprofBindAddress))
+	}
 	if o.upstreamTimeout < time.Second || o.upstreamTimeout > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("--upstream-check-timeout %s: must be between 1s and 5m", o.upstreamTimeout))
 	}
@@ -175,6 +217,9 @@ func (o *options) validate() error {
 	}
 	if o.injectServicePort < 1 || o.injectServicePort > 65535 {
 		errs = append(errs, fmt.Errorf("--inject-service-port %d: must be between 1 and 65535", o.injectServicePort))
+	}
+	if o.maxConnections < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections %d: must not be negative", o.maxConnections))
 	}
 	if o.maxWatches < 0 {
 		errs = append(errs, fmt.Errorf("--max-watches %d: must not be negative", o.maxWatches))
@@ -211,13 +256,39 @@ func (o *options) complete() error {
 			if o.podNamespace == "" {
 				return errors.New("--inject-service-host is empty and so is --pod-namespace")
 			}
-			o.injectServiceHost = "watchgate." + o.podNamespace + ".svc"
+			o.injectServiceHost = "watchgate." + o.podNamespace + ".svc." + o.clusterDomain
 		}
 	}
 	if o.leaderElectionNS == "" {
 		o.leaderElectionNS = "kube-system"
 	}
 	return nil
+}
+
+// isLoopback reports whether addr (host:port) names a loopback address:
+// "localhost" or a loopback IP; an empty host means every interface.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// metricsOptions serves /metrics, behind the API server's authentication
+// and authorization unless --metrics-secure=false (the serving
+// certificate is generated: scrapers verify the caller, not the server).
+func (o *options) metricsOptions() metricsserver.Options {
+	m := metricsserver.Options{BindAddress: o.metricsBindAddress}
+	if o.metricsSecure {
+		m.SecureServing = true
+		m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return m
 }
 
 // restConfig loads --kubeconfig, or the in-cluster configuration when empty.
@@ -253,24 +324,49 @@ func checkUpstream(ctx context.Context, cfg *rest.Config, timeout time.Duration)
 	return nil
 }
 
+// leaderElectionID is the Lease of this mode's leader: the injector
+// Deployment elects its CA publisher apart from the proxy's status
+// writers.
+func (o *options) leaderElectionID() string {
+	if o.mode == modeInjector {
+		return "watchgate-injector.watchgate.io"
+	}
+	return "watchgate.watchgate.io"
+}
+
+// runInjector is --mode=injector: the webhook and the CA publisher, ready
+// once the webhook serves.
+func runInjector(ctx context.Context, mgr ctrl.Manager, o *options) error {
+	srv, err := setupInjection(mgr, o)
+	if err != nil {
+		return fmt.Errorf("set up injection: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
+		return err
+	}
+	ctrl.Log.WithName("setup").Info("Starting watchgate injector", "version", version, "webhookPort", o.webhookPort, "pod", o.podName)
+	return mgr.Start(ctx)
+}
+
 // setupInjection adds the pod injection webhook and the CA publisher.
-func setupInjection(mgr ctrl.Manager, o *options) error {
+func setupInjection(mgr ctrl.Manager, o *options) (webhook.Server, error) {
 	excluded := []string{"kube-system"}
 	if o.podNamespace != "" {
 		excluded = append(excluded, o.podNamespace)
 	}
+	srv := webhook.NewServer(webhook.Options{
+		Port:     o.webhookPort,
+		CertDir:  filepath.Dir(o.webhookCertFile),
+		CertName: filepath.Base(o.webhookCertFile),
+		KeyName:  filepath.Base(o.webhookKeyFile),
+	})
 	_, err := inject.SetupWithManager(mgr, inject.Options{
 		Target:             inject.Target{Host: o.injectServiceHost, Port: int32(o.injectServicePort)},
 		ExcludedNamespaces: excluded,
 		CA:                 &inject.CASource{File: o.caFile},
-		WebhookServer: webhook.NewServer(webhook.Options{
-			Port:     o.webhookPort,
-			CertDir:  filepath.Dir(o.webhookCertFile),
-			CertName: filepath.Base(o.webhookCertFile),
-			KeyName:  filepath.Base(o.webhookKeyFile),
-		}),
+		WebhookServer:      srv,
 	})
-	return err
+	return srv, err
 }
 
 // newScheme is the one scheme of the manager: the built-in types and the
@@ -317,11 +413,11 @@ func run(ctx context.Context, args []string) error {
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  newScheme(),
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsBindAddress},
+		Metrics:                 o.metricsOptions(),
 		HealthProbeBindAddress:  o.probeBindAddress,
 		PprofBindAddress:        o.pprofBindAddress,
 		LeaderElection:          o.leaderElect,
-		LeaderElectionID:        "watchgate.watchgate.io",
+		LeaderElectionID:        o.leaderElectionID(),
 		LeaderElectionNamespace: o.leaderElectionNS,
 		// The proxy drains its watches itself; see proxy.DefaultShutdownGracePeriod.
 		GracefulShutdownTimeout: ptr.To(proxy.Options{ShutdownGracePeriod: o.shutdownGrace}.GracefulShutdownTimeout()),
@@ -334,6 +430,9 @@ func run(ctx context.Context, args []string) error {
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
+	}
+	if o.mode == modeInjector {
+		return runInjector(ctx, mgr, &o)
 	}
 
 	events := controllers.NewThrottleEvents(mgr, nil)
@@ -367,6 +466,7 @@ func run(ctx context.Context, args []string) error {
 		MaxWatches:             o.maxWatches,
 		MaxWatchesPerIdentity:  o.maxWatchesPerIdentity,
 		MemoryHighWaterPercent: o.memoryHighWater,
+		MaxConnections:         o.maxConnections,
 	})
 	if err != nil {
 		return fmt.Errorf("set up proxy: %w", err)
@@ -378,7 +478,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	if o.webhookPort > 0 {
-		if err := setupInjection(mgr, &o); err != nil {
+		if _, err := setupInjection(mgr, &o); err != nil {
 			return fmt.Errorf("set up injection: %w", err)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/util/cert"
 
-	"github.com/watchgate/watchgate/controllers/inject"
+	"github.com/watchgate/watchgate/inject"
 )
 
 // With --webhook-port, run serves the injection webhook with the serving
@@ -122,7 +122,7 @@ func TestRunWithInjectionServesTheWebhookAndPublishesTheCA(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
 		t.Fatal(err)
 	}
-	if answer.Response == nil || !answer.Response.Allowed || !strings.Contains(string(answer.Response.Patch), "watchgate.main-inject-own.svc") {
-		t.Errorf("webhook answer = %+v (patch %s), want allowed with a patch naming watchgate.main-inject-own.svc", answer.Response, answer.Response.Patch)
+	if answer.Response == nil || !answer.Response.Allowed || !strings.Contains(string(answer.Response.Patch), "watchgate.main-inject-own.svc.cluster.local") {
+		t.Errorf("webhook answer = %+v (patch %s), want allowed with a patch naming watchgate.main-inject-own.svc.cluster.local", answer.Response, answer.Response.Patch)
 	}
 }

@@ -55,6 +55,22 @@ current-context: c
 			args: []string{"--webhook-port", "9443", "--inject-service-port", "0"},
 			want: []string{"--webhook-port needs --tls-cert-file", "--inject-service-port 0"},
 		},
+		"profiles on every interface": {
+			args: []string{"--pprof-bind-address", ":6060"},
+			want: []string{`--pprof-bind-address ":6060": must be a loopback address`},
+		},
+		"a mode that does not exist": {
+			args: []string{"--mode", "webhook"},
+			want: []string{`--mode "webhook": must be all, proxy or injector`},
+		},
+		"the injector without a webhook port": {
+			args: []string{"--mode", "injector"},
+			want: []string{"--mode=injector needs --webhook-port"},
+		},
+		"injection in proxy mode": {
+			args: []string{"--mode", "proxy", "--webhook-port", "9443", "--tls-cert-file", "c", "--tls-private-key-file", "k"},
+			want: []string{"--webhook-port needs --mode=all or --mode=injector"},
+		},
 		"an unknown flag": {
 			args: []string{"--proxy-bind", ":1"},
 			want: []string{"flag provided but not defined: -proxy-bind"},
@@ -165,9 +181,29 @@ func TestRunServesProbesMetricsAndTheProxy(t *testing.T) {
 		t.Errorf("no token through the proxy = %d, want 401", code)
 	}
 
-	code, metrics := get(t, plain, "http://"+metricsAddr+"/metrics", "")
+	// /metrics is HTTPS and answers only callers the API server says may
+	// get /metrics.
+	scraper, err := env.ServiceAccount(ctx, "main-test", "scraper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Grant(ctx, scraper, rbacv1.PolicyRule{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := get(t, plain, "http://"+metricsAddr+"/metrics", ""); code == http.StatusOK {
+		t.Errorf("/metrics over plain HTTP = 200, want it served over HTTPS only")
+	}
+	for _, c := range []struct {
+		who, token string
+		want       int
+	}{{"no token", "", http.StatusUnauthorized}, {"a token not allowed /metrics", sa.Token, http.StatusForbidden}} {
+		if code, body := get(t, insecure, "https://"+metricsAddr+"/metrics", c.token); code != c.want {
+			t.Errorf("/metrics with %s = %d %.200s, want %d", c.who, code, body, c.want)
+		}
+	}
+	code, metrics := get(t, insecure, "https://"+metricsAddr+"/metrics", scraper.Token)
 	if code != http.StatusOK || !strings.Contains(metrics, "watchgate_") {
-		t.Errorf("/metrics = %d, want 200 with watchgate_ metrics; got %.300s", code, metrics)
+		t.Errorf("/metrics as a scraper = %d, want 200 with watchgate_ metrics; got %.300s", code, metrics)
 	}
 
 	stop()
@@ -178,6 +214,17 @@ func TestRunServesProbesMetricsAndTheProxy(t *testing.T) {
 		}
 	case <-time.After(45 * time.Second):
 		t.Fatal("run did not return within 45s of cancel")
+	}
+}
+
+func TestIsLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:6060": true, "[::1]:6060": true, "localhost:6060": true, "127.1.2.3:6060": true,
+		":6060": false, "0.0.0.0:6060": false, "[::]:6060": false, "10.0.0.1:6060": false, "example.com:6060": false, "6060": false,
+	} {
+		if got := isLoopback(addr); got != want {
+			t.Errorf("isLoopback(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }
 

@@ -158,6 +158,11 @@ type Options struct {
 	// Open watches are never cut. Default DefaultMemoryHighWaterPercent
 	// (85); 1–100, 100 disables the check.
 	MemoryHighWaterPercent int
+	// MaxConnections caps the client connections held open at once;
+	// beyond it new ones wait in the kernel's accept queue
+	// (watchgate_proxy_connections). 0: no cap (main's --max-connections
+	// defaults to DefaultMaxConnections).
+	MaxConnections int
 
 	// The following are used for testing purposes.
 
@@ -216,6 +221,7 @@ func (o *Options) Validate() error {
 		"impersonationReviewCallerBurst": o.ImpersonationReviewCallerBurst,
 		"reviewRequestersTracked":        o.ReviewRequestersTracked,
 		"maxWatches":                     o.MaxWatches,
+		"maxConnections":                 o.MaxConnections,
 	}
 	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		if n := counts[name]; n < 0 {

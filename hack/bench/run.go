@@ -282,7 +282,7 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	}
 	logs := filepath.Join(os.TempDir(), "watchgate-bench.log")
 	wp, err := startProcess("watchgate", watchgateBin, logs,
-		"--kubeconfig", env.Kubeconfig, "--proxy-bind-address", addrs[1], "--metrics-bind-address", addrs[2],
+		"--kubeconfig", env.Kubeconfig, "--proxy-bind-address", addrs[1], "--metrics-bind-address", addrs[2], "--metrics-secure=false",
 		"--health-probe-bind-address", addrs[3], "--pprof-bind-address", addrs[4], "--pod-name", "watchgate-bench-0", "--shutdown-grace-period", "1s")
 	if err != nil {
 		return nil, stop, err

@@ -33,7 +33,7 @@ func startWatchgate(ctx context.Context, binary, kubeconfig string) (*watchgate,
 		addrs[i] = a
 	}
 	cmd := exec.Command(binary, "--kubeconfig", kubeconfig,
-		"--proxy-bind-address", addrs[0], "--metrics-bind-address", addrs[1], "--health-probe-bind-address", addrs[2],
+		"--proxy-bind-address", addrs[0], "--metrics-bind-address", addrs[1], "--metrics-secure=false", "--health-probe-bind-address", addrs[2],
 		"--pod-name", podName, "--shutdown-grace-period", "1s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // never outlive the demo
 	logs, err := os.Create(filepath.Join(os.TempDir(), "watchgate-demo.log"))

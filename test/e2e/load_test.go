@@ -249,7 +249,7 @@ func startWatchgate(t *testing.T, e *apiserver.Env, bin string, env []string, ar
 		addrs[i] = a
 	}
 	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + e.Kubeconfig, "--proxy-bind-address=" + addrs[0],
-		"--metrics-bind-address=" + addrs[1], "--health-probe-bind-address=" + addrs[2], "--pod-name=load"}, args...)...)
+		"--metrics-bind-address=" + addrs[1], "--metrics-secure=false", "--health-probe-bind-address=" + addrs[2], "--pod-name=load"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "watchgate.log"))
 	if err != nil {

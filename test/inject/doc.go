@@ -1,4 +1,4 @@
-// Package inject tests pod injection (controllers/inject) against a real
+// Package inject tests pod injection (package inject) against a real
 // kube-apiserver that calls the webhook (envtest's webhook install options,
 // with config/webhook/manifests.yaml) and has its ServiceAccount admission
 // plugin on, as in a real cluster, so that pods arrive at the webhook with

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/watchgate/watchgate/controllers/inject"
+	"github.com/watchgate/watchgate/inject"
 	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
 )

@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/go-logr/logr"
-	"github.com/watchgate/watchgate/controllers/inject"
+	"github.com/watchgate/watchgate/inject"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
@@ -148,7 +148,7 @@ func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 
 // startInjector runs the webhook and the CA publisher in a manager of
 // their own, on the address the API server calls, until the test ends.
-func startInjector(t testing.TB, target inject.Target, caFile string) {
+func startInjector(t testing.TB, target inject.Target, caFile string, edits ...func(*inject.Options)) *inject.Pieces {
 	t.Helper()
 	wh := env.Webhooks
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
@@ -162,12 +162,17 @@ func startInjector(t testing.TB, target inject.Target, caFile string) {
 		t.Fatal(err)
 	}
 	server := webhook.NewServer(webhook.Options{Host: wh.LocalServingHost, Port: wh.LocalServingPort, CertDir: wh.LocalServingCertDir})
-	if _, err := inject.SetupWithManager(mgr, inject.Options{
+	opts := inject.Options{
 		Target:             target,
 		ExcludedNamespaces: []string{"kube-system", ownNamespace},
 		CA:                 &inject.CASource{File: caFile, Interval: 100 * time.Millisecond},
 		WebhookServer:      server,
-	}); err != nil {
+	}
+	for _, edit := range edits {
+		edit(&opts)
+	}
+	pieces, err := inject.SetupWithManager(mgr, opts)
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -192,6 +197,7 @@ func startInjector(t testing.TB, target inject.Target, caFile string) {
 		}
 		return true, c.Close()
 	})
+	return pieces
 }
 
 // namespace creates a namespace with labels and the service account the

@@ -159,12 +159,17 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 			t.Errorf("ClusterRole allows %s pods cluster-wide; pods belong in the namespaced Role", verb)
 		}
 	}
+	// Scrapers of /metrics need get on the non-resource URL, nothing else.
+	reader := find(t, objs, "ClusterRole", "watchgate-metrics-reader")
+	if !reflect.DeepEqual(reader.Object["rules"], []any{map[string]any{"nonResourceURLs": []any{"/metrics"}, "verbs": []any{"get"}}}) {
+		t.Errorf("metrics-reader ClusterRole rules = %v, want get /metrics only", reader.Object["rules"])
+	}
 	le := find(t, objs, "Role", "watchgate-leader-election")
 	if le.GetNamespace() != "watchgate-system" || !allows(le.Object["rules"], "coordination.k8s.io", "leases", "update") {
 		t.Errorf("leader-election Role: want leases in the release namespace, got %v in %q", le.Object["rules"], le.GetNamespace())
 	}
 	for _, o := range objs {
-		if o.GetKind() == "ClusterRole" && o.GetName() != "watchgate-manager" {
+		if o.GetKind() == "ClusterRole" && o.GetName() != "watchgate-manager" && o.GetName() != "watchgate-metrics-reader" {
 			t.Errorf("unexpected ClusterRole %s", o.GetName())
 		}
 	}

@@ -71,6 +71,7 @@ func TestChartAndKustomizeInstallTheSameThing(t *testing.T) {
 	same("PodDisruptionBudget/watchgate-system/watchgate", "spec", "minAvailable")
 	same("PodDisruptionBudget/watchgate-system/watchgate", "spec", "unhealthyPodEvictionPolicy")
 	same("ClusterRole//watchgate-manager", "rules")
+	same("ClusterRole//watchgate-metrics-reader", "rules")
 	same("ClusterRoleBinding//watchgate-manager", "roleRef")
 	same("ClusterRoleBinding//watchgate-manager", "subjects")
 	same("Role/watchgate-system/watchgate-manager", "rules")

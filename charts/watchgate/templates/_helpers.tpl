@@ -154,3 +154,57 @@ the Secret and the webhook's caBundle agree. Returns nothing.
 {{- $_ := set .Values "_generatedTLS" $data }}
 {{- end }}
 {{- end }}
+
+{{/*
+watchgate.injectorSeparate is "true" when the injection webhook and CA
+publisher run as a Deployment of their own (injection.separateDeployment).
+*/}}
+{{- define "watchgate.injectorSeparate" -}}
+{{- if and .Values.injection.enabled .Values.injection.separateDeployment }}true{{ end }}
+{{- end }}
+
+{{/*
+watchgate.injectorName names the separate injector's Deployment,
+ServiceAccount and RBAC.
+*/}}
+{{- define "watchgate.injectorName" -}}
+{{- printf "%s-injector" (include "watchgate.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/*
+watchgate.injectorSelectorLabels select the separate injector's pods; their
+name differs from the proxy's, so that the proxy's Services never select
+them.
+*/}}
+{{- define "watchgate.injectorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "watchgate.name" . }}-injector
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+watchgate.injectorLabels are the separate injector's standard labels.
+*/}}
+{{- define "watchgate.injectorLabels" -}}
+helm.sh/chart: {{ include "watchgate.chart" . }}
+{{ include "watchgate.injectorSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: injector
+app.kubernetes.io/part-of: watchgate
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+watchgate.injectorServiceAccountName is the ServiceAccount the injection
+webhook and CA publisher run as: the proxy's, or with a separate Deployment
+one of their own (when the chart creates ServiceAccounts).
+*/}}
+{{- define "watchgate.injectorServiceAccountName" -}}
+{{- if and (include "watchgate.injectorSeparate" .) .Values.serviceAccount.create }}
+{{- include "watchgate.injectorName" . }}
+{{- else }}
+{{- include "watchgate.serviceAccountName" . }}
+{{- end }}
+{{- end }}

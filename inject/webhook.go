@@ -3,15 +3,13 @@ package inject
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"slices"
+	"sync"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -27,50 +25,57 @@ var podsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func init() { metrics.Registry.MustRegister(podsTotal) }
 
-// PodInjector is the mutating admission webhook for Pods (CREATE). It
-// never rejects a pod: anything it cannot decide is admitted unchanged.
+// PodInjector is the mutating admission webhook for Pods (CREATE), an
+// http.Handler for the webhook server. It never rejects a pod: anything it
+// cannot decide is admitted unchanged. What one admission may cost is
+// bounded (see AdmissionLimits): the body it reads, how many it serves at
+// once, and what it decodes (only the fields routing needs, podSubset).
 type PodInjector struct {
-	// Reader reads namespaces (usually the manager's cache).
+	// Reader reads namespaces' metadata (the injector's own cache).
 	Reader client.Reader
 	// Target is watchgate's Service.
 	Target Target
 	// ExcludedNamespaces are never routed (kube-system and watchgate's
 	// own namespace).
 	ExcludedNamespaces []string
-	// Decoder decodes the pod in a request.
-	Decoder admission.Decoder
+	// Limits bound what admissions may cost; zero fields take the
+	// defaults.
+	Limits AdmissionLimits
+
+	once  sync.Once
+	slots chan struct{}
 }
 
-var _ admission.Handler = (*PodInjector)(nil)
-
-// Handle answers one admission request with a JSON patch, or none.
-func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admission.Response {
+// admit routes the pod of one review and returns the JSON patch (nil for
+// none) and, when the pod was admitted unchanged for a reason worth
+// telling its creator, a warning.
+func (p *PodInjector) admit(ctx context.Context, namespace string, obj *podSubset) (patch []byte, warning string) {
 	log := logf.FromContext(ctx)
-	pod := &corev1.Pod{}
-	if err := p.Decoder.Decode(req, pod); err != nil {
+	pod, err := obj.pod()
+	if err != nil {
 		podsTotal.WithLabelValues("error", "").Inc()
-		return admission.Errored(http.StatusBadRequest, err)
+		return nil, "watchgate: pod not routed: " + err.Error()
 	}
-	ns := req.Namespace
+	ns := namespace
 	if ns == "" {
 		ns = pod.Namespace
 	}
 	var nsLabels map[string]string
 	if pod.Labels[LabelInject] == "" {
-		n := &corev1.Namespace{}
+		n := metadataOf("Namespace")
 		if err := p.Reader.Get(ctx, types.NamespacedName{Name: ns}, n); err != nil && !apierrors.IsNotFound(err) {
 			podsTotal.WithLabelValues("error", "").Inc()
 			// Admitted unchanged, as with failurePolicy Ignore.
-			return admission.Allowed("namespace unknown: " + err.Error())
+			return nil, "watchgate: pod not routed: namespace unknown: " + err.Error()
 		}
 		nsLabels = n.Labels
 	}
 	wanted, optedOut := Wanted(pod.Labels, nsLabels)
 	if !wanted && !optedOut {
 		podsTotal.WithLabelValues("unlabelled", "").Inc()
-		return admission.Allowed("not labelled " + LabelInject + "=" + ValueEnabled)
+		return nil, ""
 	}
-	raw := req.Object.Raw
+	before := snapshotOf(pod, obj.envTotals())
 	switch {
 	case slices.Contains(p.ExcludedNamespaces, ns):
 		Skip(pod, SkipExcludedNamespace, "namespace "+ns+" is never routed")
@@ -85,15 +90,17 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		reason = reasonOf(pod.Annotations[AnnotationReason])
 	}
 	podsTotal.WithLabelValues(status, reason).Inc()
-	out, err := json.Marshal(pod)
+	ops := patchFrom(before, pod)
+	if len(ops) == 0 {
+		return nil, ""
+	}
+	out, err := json.Marshal(ops)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
+		podsTotal.WithLabelValues("error", "").Inc()
+		return nil, "watchgate: pod not routed: " + err.Error()
 	}
-	resp := admission.PatchResponseFromRaw(raw, out)
-	if len(resp.Patches) > 0 {
-		log.V(1).Info("Mutated pod", "namespace", ns, "generateName", pod.GenerateName, "name", pod.Name, "status", status, "reason", reason)
-	}
-	return resp
+	log.V(1).Info("Mutated pod", "namespace", ns, "generateName", pod.GenerateName, "name", pod.Name, "status", status, "reason", reason)
+	return out, ""
 }
 
 // reasonOf is the SkipReason at the start of an AnnotationReason value.

@@ -36,7 +36,9 @@ type CASource struct {
 	changed chan event.GenericEvent
 }
 
-// Load reads the bundle once and checks that it holds certificates.
+// Load reads the bundle once and keeps its certificates: only its
+// CERTIFICATE blocks, each parsed, are published (a private key or any
+// other block that shares the file never is).
 func (s *CASource) Load() ([]byte, error) {
 	b := s.Static
 	if s.File != "" {
@@ -45,7 +47,8 @@ func (s *CASource) Load() ([]byte, error) {
 			return nil, fmt.Errorf("read CA file: %w", err)
 		}
 	}
-	if err := checkPEM(b); err != nil {
+	b, err := certificatesOf(b)
+	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -105,8 +108,10 @@ func (s *CASource) Start(ctx context.Context) error {
 // NeedLeaderElection is false: every replica reads its own file.
 func (s *CASource) NeedLeaderElection() bool { return false }
 
-func checkPEM(b []byte) error {
-	n := 0
+// certificatesOf is the CERTIFICATE blocks of the PEM bundle b, re-encoded
+// without their headers or the text around them.
+func certificatesOf(b []byte) ([]byte, error) {
+	var out bytes.Buffer
 	for {
 		var blk *pem.Block
 		blk, b = pem.Decode(b)
@@ -117,12 +122,14 @@ func checkPEM(b []byte) error {
 			continue
 		}
 		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
-			return fmt.Errorf("CA bundle: %w", err)
+			return nil, fmt.Errorf("CA bundle: %w", err)
 		}
-		n++
+		if err := pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: blk.Bytes}); err != nil {
+			return nil, err
+		}
 	}
-	if n == 0 {
-		return errors.New("CA bundle holds no PEM certificate")
+	if out.Len() == 0 {
+		return nil, errors.New("CA bundle holds no PEM certificate")
 	}
-	return nil
+	return out.Bytes(), nil
 }

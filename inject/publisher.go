@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -24,9 +23,21 @@ import (
 // ManagedByLabel marks the ConfigMaps the publisher owns.
 const managedBy = "watchgate"
 
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// What the publisher reads, it reads from its own cache (newLocalCache):
+// namespaces' and labelled pods' metadata, and ConfigMaps named
+// watchgate-root-ca.crt. RBAC cannot narrow a list or watch by label, so
+// namespaces and pods are readable cluster-wide; the cache asks only for
+// labelled pods, and for metadata only.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch
+//
+// The ConfigMaps: every verb but create is limited to the one name (a list
+// or watch with the field selector metadata.name is authorized against
+// resourceNames). Kubernetes cannot limit create by resourceNames (the
+// name is not part of the request's URL), so create is granted for every
+// ConfigMap name in every namespace.
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=watchgate-root-ca.crt,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=create
 
 // CAPublisher keeps ConfigMapName, holding CA's bundle under ConfigMapKey,
 // in every namespace that is labelled LabelInject=enabled or has a pod so
@@ -35,11 +46,10 @@ const managedBy = "watchgate"
 type CAPublisher struct {
 	// Client writes ConfigMaps.
 	Client client.Client
-	// Namespaces reads namespaces (the manager's cache).
-	Namespaces client.Reader
-	// Local reads the labelled pods and the published ConfigMaps: a cache
-	// of its own, restricted to those (see newLocalCache), so that
-	// watchgate does not cache every pod and ConfigMap of the cluster.
+	// Local reads namespaces' and labelled pods' metadata and the
+	// published ConfigMaps: a cache of its own, restricted to those (see
+	// newLocalCache), so that watchgate does not cache every pod and
+	// ConfigMap of the cluster.
 	Local cache.Cache
 	// CA is the bundle to publish.
 	CA *CASource
@@ -53,8 +63,8 @@ func (p *CAPublisher) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if slices.Contains(p.ExcludedNamespaces, name) {
 		return reconcile.Result{}, nil
 	}
-	ns := &corev1.Namespace{}
-	if err := p.Namespaces.Get(ctx, types.NamespacedName{Name: name}, ns); err != nil {
+	ns := metadataOf("Namespace")
+	if err := p.Local.Get(ctx, types.NamespacedName{Name: name}, ns); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if ns.DeletionTimestamp != nil {
@@ -62,7 +72,8 @@ func (p *CAPublisher) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	}
 	need := ns.Labels[LabelInject] == ValueEnabled
 	if !need {
-		pods := &corev1.PodList{}
+		pods := &metav1.PartialObjectMetadataList{}
+		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 		if err := p.Local.List(ctx, pods, client.InNamespace(name), client.MatchingLabels{LabelInject: ValueEnabled}, client.Limit(1)); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -111,8 +122,9 @@ func (p *CAPublisher) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	everyNamespace := handler.TypedFuncs[client.Object, reconcile.Request]{
 		GenericFunc: func(ctx context.Context, _ event.TypedGenericEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			list := &corev1.NamespaceList{}
-			if err := p.Namespaces.List(ctx, list); err != nil {
+			list := &metav1.PartialObjectMetadataList{}
+			list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+			if err := p.Local.List(ctx, list); err != nil {
 				return
 			}
 			for i := range list.Items {
@@ -120,11 +132,21 @@ func (p *CAPublisher) SetupWithManager(mgr ctrl.Manager) error {
 			}
 		},
 	}
+	self := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("watchgate-ca-publisher").
-		For(&corev1.Namespace{}, builder.WithPredicates()).
-		WatchesRawSource(source.Kind(p.Local, client.Object(&corev1.Pod{}), toNamespace)).
+		WatchesRawSource(source.Kind(p.Local, client.Object(metadataOf("Namespace")), self)).
+		WatchesRawSource(source.Kind(p.Local, client.Object(metadataOf("Pod")), toNamespace)).
 		WatchesRawSource(source.Kind(p.Local, client.Object(&corev1.ConfigMap{}), toNamespace)).
 		WatchesRawSource(source.Channel(p.CA.Events(), everyNamespace)).
 		Complete(p)
+}
+
+// metadataOf is an empty metadata-only object of a core kind.
+func metadataOf(kind string) *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(kind))
+	return m
 }

@@ -5,13 +5,13 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 // Options configure the webhook and the CA publisher.
@@ -26,6 +26,9 @@ type Options struct {
 	// WebhookServer serves the webhook (at WebhookPath); nil runs only the
 	// publisher. SetupWithManager adds it to the manager.
 	WebhookServer webhook.Server
+	// Limits bound what admission reviews may cost; zero fields take the
+	// defaults.
+	Limits AdmissionLimits
 }
 
 // Pieces are what SetupWithManager added.
@@ -47,14 +50,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	if _, err := opts.CA.Load(); err != nil {
 		return nil, fmt.Errorf("inject: %w", err)
 	}
-	local, err := cache.New(mgr.GetConfig(), cache.Options{
-		Scheme: mgr.GetScheme(),
-		Mapper: mgr.GetRESTMapper(),
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:       {Label: labels.SelectorFromSet(labels.Set{LabelInject: ValueEnabled})},
-			&corev1.ConfigMap{}: {Field: fields.OneTermEqualSelector("metadata.name", ConfigMapName)},
-		},
-	})
+	local, err := newLocalCache(mgr)
 	if err != nil {
 		return nil, fmt.Errorf("inject: cache: %w", err)
 	}
@@ -65,7 +61,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 		return nil, err
 	}
 	p := &Pieces{Publisher: &CAPublisher{
-		Client: mgr.GetClient(), Namespaces: mgr.GetCache(), Local: local, CA: opts.CA,
+		Client: mgr.GetClient(), Local: local, CA: opts.CA,
 		ExcludedNamespaces: opts.ExcludedNamespaces,
 	}}
 	if err := p.Publisher.SetupWithManager(mgr); err != nil {
@@ -73,10 +69,10 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	}
 	if opts.WebhookServer != nil {
 		p.Injector = &PodInjector{
-			Reader: mgr.GetCache(), Target: opts.Target, ExcludedNamespaces: opts.ExcludedNamespaces,
-			Decoder: admission.NewDecoder(mgr.GetScheme()),
+			Reader: local, Target: opts.Target, ExcludedNamespaces: opts.ExcludedNamespaces,
+			Limits: opts.Limits,
 		}
-		opts.WebhookServer.Register(WebhookPath, &webhook.Admission{Handler: p.Injector})
+		opts.WebhookServer.Register(WebhookPath, p.Injector)
 		// Not a readiness check: the proxy's readiness must not depend on
 		// the webhook (failurePolicy Ignore covers a webhook that is down).
 		if err := mgr.Add(opts.WebhookServer); err != nil {
@@ -84,4 +80,41 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 		}
 	}
 	return p, nil
+}
+
+// newLocalCache is the injector's own cache, holding only what it reads:
+// namespaces' and labelled pods' metadata (names and labels; every other
+// field is dropped before it is stored), and the published ConfigMaps
+// (selected by name). Nothing else of the cluster is cached, so a tenant
+// who creates many or large pods grows no replica's memory unless the
+// pods carry the label, and then only by their names.
+func newLocalCache(mgr ctrl.Manager) (cache.Cache, error) {
+	return cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(),
+		Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Namespace{}: {Transform: keepNameAndLabels},
+			&corev1.Pod{}: {
+				Label:     labels.SelectorFromSet(labels.Set{LabelInject: ValueEnabled}),
+				Transform: keepNameAndLabels,
+			},
+			&corev1.ConfigMap{}: {
+				Field:     fields.OneTermEqualSelector("metadata.name", ConfigMapName),
+				Transform: cache.TransformStripManagedFields(),
+			},
+		},
+	})
+}
+
+// keepNameAndLabels strips a metadata-only object down to what the
+// injector reads.
+func keepNameAndLabels(in any) (any, error) {
+	m, ok := in.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return in, nil
+	}
+	return &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+		Labels: m.Labels, DeletionTimestamp: m.DeletionTimestamp,
+	}}, nil
 }
