@@ -76,21 +76,12 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 		ctx := withReviewRequester(r.Context(), clientAddress(r))
 		resp, ok, err := auth.AuthenticateToken(ctx, token)
 		switch {
-		case errors.Is(err, errReviewsThrottled):
-			writeStatus(w, r, apierrors.NewTooManyRequests("too many new tokens to review, please try again later", 1))
-			return
-		case r.Context().Err() != nil:
-			return // the client left
-		case err != nil && policy == FailOpen:
-			log.Info("Cannot review token; forwarding as unreviewed (fail open)", "err", err.Error())
-			reviewFailOpen.WithLabelValues("token").Inc()
-			st, r := stateOf(r)
-			st.caller = unreviewedCaller
-			next.ServeHTTP(w, r)
-			return
 		case err != nil:
-			log.Info("Cannot review token", "err", err.Error())
-			writeStatus(w, r, reviewUnavailable("authentication"))
+			if policy.failed(w, r, tokenReview, err, log) {
+				st, r := stateOf(r)
+				st.caller = unreviewedCaller
+				next.ServeHTTP(w, r)
+			}
 			return
 		case !ok || resp == nil || resp.User == nil:
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
@@ -102,10 +93,49 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 	})
 }
 
-// reviewUnavailable is the fail-closed answer when a review failed: 503
-// with Retry-After.
-func reviewUnavailable(what string) *apierrors.StatusError {
-	return serviceUnavailable(what + " is unavailable, please try again later")
+// reviewKind is one kind of review, as ReviewFailurePolicy.failed names
+// it to the client, the logs and the metrics.
+type reviewKind struct {
+	label       string // the metrics label: token, impersonation
+	throttled   string // the 429 message
+	unavailable string // what the 503 message says is unavailable
+	failOpen    string // the log message under FailOpen
+	failClosed  string // the log message under FailClosed
+}
+
+var (
+	tokenReview = reviewKind{
+		label: "token", throttled: "too many new tokens to review, please try again later", unavailable: "authentication",
+		failOpen: "Cannot review token; forwarding as unreviewed (fail open)", failClosed: "Cannot review token",
+	}
+	impersonationReview = reviewKind{
+		label: "impersonation", throttled: "too many impersonation checks, please try again later", unavailable: "the impersonation check",
+		failOpen: "Cannot check impersonation; charging the caller (fail open)", failClosed: "Cannot check impersonation",
+	}
+)
+
+// failed answers a request whose review of kind k ended with err
+// (non-nil), the one place where the policy is applied: 429 with
+// Retry-After when reviews are throttled (in both policies), nothing when
+// the client left, 503 with Retry-After under FailClosed. Under FailOpen
+// it answers nothing and returns true: the caller forwards the request,
+// charged as FailOpen says. keysAndValues go to the log line.
+func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k reviewKind, err error, log *sampledLogger, keysAndValues ...any) (forward bool) {
+	switch {
+	case errors.Is(err, errReviewsThrottled):
+		writeStatus(w, r, apierrors.NewTooManyRequests(k.throttled, 1))
+		return false
+	case r.Context().Err() != nil:
+		return false // the client left
+	case p == FailOpen:
+		log.Info(k.failOpen, append(keysAndValues, "err", err.Error())...)
+		reviewFailOpen.WithLabelValues(k.label).Inc()
+		return true
+	default:
+		log.Info(k.failClosed, append(keysAndValues, "err", err.Error())...)
+		writeStatus(w, r, serviceUnavailable(k.unavailable+" is unavailable, please try again later"))
+		return false
+	}
 }
 
 // clientAddress is the IP the request came from, without port: the

@@ -61,19 +61,10 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 		for _, attrs := range checks {
 			decision, _, err := auth.Authorize(r.Context(), attrs)
 			switch {
-			case errors.Is(err, errReviewsThrottled):
-				writeStatus(w, r, apierrors.NewTooManyRequests("too many impersonation checks, please try again later", 1))
-				return
-			case r.Context().Err() != nil:
-				return // the client left
-			case err != nil && policy == FailOpen:
-				log.Info("Cannot check impersonation; charging the caller (fail open)", "caller", caller.GetName(), "err", err.Error())
-				reviewFailOpen.WithLabelValues("impersonation").Inc()
-				next.ServeHTTP(w, r)
-				return
 			case err != nil:
-				log.Info("Cannot check impersonation", "caller", caller.GetName(), "err", err.Error())
-				writeStatus(w, r, reviewUnavailable("the impersonation check"))
+				if policy.failed(w, r, impersonationReview, err, log, "caller", caller.GetName()) {
+					next.ServeHTTP(w, r)
+				}
 				return
 			case decision != authorizer.DecisionAllow:
 				next.ServeHTTP(w, r)
