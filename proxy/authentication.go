@@ -5,16 +5,17 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
@@ -56,8 +57,9 @@ var unreviewedCaller = &user.DefaultInfo{Name: "system:watchgate:unreviewed", Gr
 // one gets 401 without forwarding; a token that could not be reviewed
 // because reviews are throttled gets 429, because the review failed 503,
 // both with Retry-After, which client-go retries (or, with FailOpen, the
-// request is forwarded as unreviewedCaller). The client's address is the
-// requester whose review budget a TokenReview spends. The Authorization
+// request is forwarded as unreviewedCaller). The client's network
+// (clientPrefix) is the requester whose review budget a TokenReview
+// spends. The Authorization
 // header is left untouched: the API server checks the token again on the
 // forwarded request.
 func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, log *sampledLogger, next http.Handler) http.Handler {
@@ -73,7 +75,7 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		ctx := withReviewRequester(r.Context(), clientAddress(r))
+		ctx := withReviewRequester(r.Context(), clientPrefix(r))
 		resp, ok, err := auth.AuthenticateToken(ctx, token)
 		switch {
 		case err != nil:
@@ -138,26 +140,44 @@ func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k re
 	}
 }
 
-// clientAddress is the IP the request came from, without port: the
-// requester of its TokenReviews. Forwarding headers are not trusted.
-func clientAddress(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+// clientPrefix is the network the request came from, the requester of its
+// TokenReviews: the client address's IPv4 /24 or IPv6 /64, so that the
+// addresses of one network (pods of a node, clients behind one SNAT, an
+// IPv6 /64 handed to one host) share one review bucket rather than take
+// one each. Forwarding headers are not trusted. The key is at most a
+// prefix's text, whatever RemoteAddr holds.
+func clientPrefix(r *http.Request) string {
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		host = h
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		if len(host) > 64 {
+			host = host[:64]
+		}
 		return host
 	}
-	if len(r.RemoteAddr) > 64 {
-		return r.RemoteAddr[:64]
+	addr = addr.Unmap()
+	bits := 64
+	if addr.Is4() {
+		bits = 24
 	}
-	return r.RemoteAddr
+	p, _ := addr.WithZone("").Prefix(bits)
+	return p.String()
 }
 
 // validLocalVerifications is looked up once: nearly every request of a
 // service account counts there.
 var validLocalVerifications = localVerifications.WithLabelValues("valid")
 
+// verdictLabels are the metric labels of the verdicts that refuse a token.
+var verdictLabels = map[serviceAccountVerdict]string{forged: "forged", revoked: "revoked"}
+
 // localThenReviewed verifies service-account tokens locally (local may be
 // nil) and hands every other token to reviewed: a validly signed
-// service-account token needs no TokenReview, and a forged one is 401
-// without one.
+// service-account token needs no TokenReview, and a forged or revoked one
+// is 401 without one.
 func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token, clk clock.PassiveClock) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		if local != nil {
@@ -166,8 +186,8 @@ func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token
 			case validServiceAccount:
 				validLocalVerifications.Inc()
 				return &authenticator.Response{User: u}, true, nil
-			case forged:
-				localVerifications.WithLabelValues("forged").Inc()
+			case forged, revoked:
+				localVerifications.WithLabelValues(verdictLabels[verdict]).Inc()
 				return nil, false, nil
 			}
 			localVerifications.WithLabelValues("reviewed").Inc()
@@ -206,10 +226,23 @@ func tokenReviewer(client authenticationv1client.TokenReviewInterface) authentic
 // rejected token.
 type tokenAnswer struct{ user user.Info }
 
+// Tokens found valid within recentTokensTTL revalidate through a reserved
+// review bucket of recentTokensShare of ReviewsPerSecond and ReviewBurst,
+// on top of the shared one: a caller whose token was valid half an hour
+// ago is all but certainly the same caller, and a flood of unknown tokens
+// must not keep it out when its cached answer expires.
+const (
+	recentTokensTTL   = 30 * time.Minute
+	recentTokensShare = 0.25
+)
+
 // cachedTokens wraps a token authenticator with a reviewCache. Tokens are
 // keyed by HMAC-SHA256 with a random key, so the cache holds no token and
-// its keys cannot be precomputed.
-func cachedTokens(inner authenticator.Token, cache *reviewCache, ttl, negativeTTL time.Duration) authenticator.Token {
+// its keys cannot be precomputed. Tokens found valid are also remembered
+// in recent (by key, for recentTTL, bounded in count; nil: none): when
+// such a token's answer has expired from the cache, its new review takes
+// laneRecent, the review budget a flood of unknown tokens cannot spend.
+func cachedTokens(inner authenticator.Token, cache *reviewCache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
 	hmacKey := make([]byte, 32)
 	if _, err := rand.Read(hmacKey); err != nil {
 		panic(err) // crypto/rand never fails
@@ -217,15 +250,28 @@ func cachedTokens(inner authenticator.Token, cache *reviewCache, ttl, negativeTT
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		mac := hmac.New(sha256.New, hmacKey)
 		mac.Write([]byte(token))
-		key := hex.EncodeToString(mac.Sum(nil))
-		v, err := cache.get(ctx, key, reviewRequesterFrom(ctx), false, func(ctx context.Context) (any, time.Duration, error) {
+		var sum [sha256.Size]byte
+		key := string(mac.Sum(sum[:0]))
+		lane := laneNew
+		if recent != nil {
+			if _, ok := recent.Get(key); ok {
+				lane = laneRecent
+			}
+		}
+		v, err := cache.get(ctx, key, reviewRequesterFrom(ctx), lane, func(ctx context.Context) (any, time.Duration, error) {
 			resp, ok, err := inner.AuthenticateToken(ctx, token)
 			switch {
 			case err != nil:
 				return nil, 0, err
 			case !ok || resp == nil || resp.User == nil:
+				if recent != nil {
+					recent.Remove(key)
+				}
 				return tokenAnswer{}, negativeTTL, nil
 			default:
+				if recent != nil {
+					recent.Add(key, struct{}{}, recentTTL)
+				}
 				return tokenAnswer{user: resp.User}, ttl, nil
 			}
 		})

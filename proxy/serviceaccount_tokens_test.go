@@ -91,7 +91,7 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, 10*time.Second)
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, 10*time.Second, nil)
 	ctx := context.Background()
 	if err := sa.refresh(ctx); err != nil {
 		t.Fatal(err)
@@ -154,31 +154,36 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 
 func TestFairReviews(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	f := newFairReviews(10, 10, 1, 5, 100) // shared 10/s burst 10; each 1/s burst 5
-	allowed := func(who string, privileged bool, n int) int {
+	f := newFairReviews(10, 10, 1, 5, 100).withReserve(2, 2) // shared 10/s burst 10; each 1/s burst 5; reserved 2/s burst 2
+	allowed := func(who string, lane reviewLane, n int) int {
 		ok := 0
 		for range n {
-			if f.allow(who, privileged, t0) {
+			if f.allow(who, lane, t0) {
 				ok++
 			}
 		}
 		return ok
 	}
-	if n := allowed("flooder", false, 1000); n != 5 {
+	if n := allowed("flooder", laneNew, 1000); n != 5 {
 		t.Fatalf("a flooder got %d reviews, want its burst 5", n)
 	}
-	if n := allowed("valid", false, 1); n != 1 {
+	if n := allowed("valid", laneNew, 1); n != 1 {
 		t.Fatal("a valid client was starved by the flooder")
 	}
 	// Four more flooders empty the shared bucket (10 in all).
 	for _, who := range []string{"f2", "f3"} {
-		allowed(who, false, 1000)
+		allowed(who, laneNew, 1000)
 	}
-	if n := allowed("late", false, 1); n != 0 {
+	if n := allowed("late", laneNew, 1); n != 0 {
 		t.Fatalf("the shared bucket should be empty, got %d", n)
 	}
-	if n := allowed("agent", true, 3); n != 3 {
-		t.Fatalf("a privileged requester got %d of 3, want 3 (it skips the shared bucket)", n)
+	if n := allowed("agent", laneTrusted, 3); n != 3 {
+		t.Fatalf("a trusted requester got %d of 3, want 3 (it skips the shared bucket)", n)
+	}
+	// A recently valid token of the flooder's own network still gets the
+	// reserved reviews, and only those.
+	if n := allowed("flooder", laneRecent, 5); n != 2 {
+		t.Fatalf("a recent token got %d of 5 reviews, want the reserved burst 2", n)
 	}
 }
 
@@ -197,7 +202,7 @@ func TestServiceAccountTokenVerdictsCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute)
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute, nil)
 	ctx := context.Background()
 	if err := sa.refresh(ctx); err != nil {
 		t.Fatal(err)
