@@ -5,11 +5,13 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -38,17 +40,48 @@ const (
 	// FailOpen forwards the request (the API server still authenticates
 	// and authorizes it with the caller's own credentials) and charges it
 	// to an identity the caller cannot otherwise spend: a token that could
-	// not be reviewed is charged to the user system:watchgate:unreviewed
-	// (group system:watchgate:unreviewed, impersonation headers ignored);
-	// an impersonation that could not be checked is charged to the caller
-	// itself. Throttled reviews (the proxy's own flood protection) are
+	// not be reviewed is charged to a user of its own named by a hash of
+	// the token, system:watchgate:unreviewed:<hash>, in the group
+	// system:watchgate:unreviewed (impersonation headers ignored; see
+	// unreviewedCaller); an impersonation that could not be checked is
+	// charged to the caller itself. Throttled reviews (the proxy's own flood protection) are
 	// 429 in both policies.
 	FailOpen ReviewFailurePolicy = "Open"
 )
 
+// unreviewedPrefix and unreviewedGroup name whom FailOpen charges for a
+// token it could not review. "system:" names are reserved for Kubernetes
+// itself.
+const (
+	unreviewedGroup  = "system:watchgate:unreviewed"
+	unreviewedPrefix = unreviewedGroup + ":"
+)
+
+// unreviewedSalt keys unreviewedCaller's hashes, so that they cannot be
+// precomputed from a token.
+var unreviewedSalt = func() (b [32]byte) {
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails
+	}
+	return b
+}()
+
 // unreviewedCaller is whom FailOpen charges for a token it could not
-// review. "system:" names are reserved for Kubernetes itself.
-var unreviewedCaller = &user.DefaultInfo{Name: "system:watchgate:unreviewed", Groups: []string{"system:watchgate:unreviewed"}}
+// review: a user of the token's own, named by 64 bits of a salted hash of
+// it, in unreviewedGroup. A budget governs them all by the group, but each
+// token spends its own buckets, so that one caller's flood while reviews
+// fail does not refuse every other caller (as one shared identity would).
+// The engine bounds the identities it tracks (Options.MaxTrackedKeys), so
+// a flood of random tokens costs bounded memory.
+func unreviewedCaller(token string) *user.DefaultInfo {
+	h := sha256.New()
+	h.Write(unreviewedSalt[:])
+	h.Write([]byte(token))
+	return &user.DefaultInfo{Name: unreviewedPrefix + hex.EncodeToString(h.Sum(nil)[:8]), Groups: []string{unreviewedGroup}}
+}
+
+// isUnreviewed reports whether u is an unreviewedCaller.
+func isUnreviewed(u user.Info) bool { return strings.HasPrefix(u.GetName(), unreviewedPrefix) }
 
 // withAuthentication admits only requests that carry a bearer token auth
 // accepts, and leaves the caller's user.Info in the context. The token is
@@ -57,7 +90,7 @@ var unreviewedCaller = &user.DefaultInfo{Name: "system:watchgate:unreviewed", Gr
 // one gets 401 without forwarding; a token that could not be reviewed
 // because reviews are throttled gets 429, because the review failed 503,
 // both with Retry-After, which client-go retries (or, with FailOpen, the
-// request is forwarded as unreviewedCaller). The client's network
+// request is forwarded, charged to unreviewedCaller). The client's network
 // (clientPrefix) is the requester whose review budget a TokenReview
 // spends. The Authorization
 // header is left untouched: the API server checks the token again on the
@@ -81,7 +114,7 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 		case err != nil:
 			if policy.failed(w, r, tokenReview, err, log) {
 				st, r := stateOf(r)
-				st.caller = unreviewedCaller
+				st.caller = unreviewedCaller(token)
 				next.ServeHTTP(w, r)
 			}
 			return

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -215,5 +216,34 @@ func TestClientPrefix(t *testing.T) {
 		if got := clientPrefix(&http.Request{RemoteAddr: addr}); got != want {
 			t.Errorf("clientPrefix(%q) = %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// With FailOpen, a token that could not be reviewed is charged to a user
+// of its own in the group system:watchgate:unreviewed, not to one identity
+// shared by every caller whose review failed.
+func TestFailOpenChargesEachTokenItsOwnIdentity(t *testing.T) {
+	var got []user.Info
+	h := withAuthentication(failingTokens(errors.New("boom")), FailOpen, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _ := callerFrom(r.Context())
+		got = append(got, u)
+	}))
+	for _, token := range []string{"one", "two", "one"} {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("token %s: HTTP %d, want forwarded", token, rec.Code)
+		}
+	}
+	for i, u := range got {
+		if !strings.HasPrefix(u.GetName(), "system:watchgate:unreviewed:") || len(u.GetName()) > 64 ||
+			len(u.GetGroups()) != 1 || u.GetGroups()[0] != "system:watchgate:unreviewed" || !isUnreviewed(u) {
+			t.Errorf("caller %d: %s %v, want system:watchgate:unreviewed:<hash> in group system:watchgate:unreviewed", i, u.GetName(), u.GetGroups())
+		}
+	}
+	if got[0].GetName() == got[1].GetName() || got[0].GetName() != got[2].GetName() {
+		t.Errorf("callers %s, %s, %s: want one per token", got[0].GetName(), got[1].GetName(), got[2].GetName())
 	}
 }

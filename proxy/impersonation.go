@@ -61,7 +61,7 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 			return
 		}
 		c, ok := classificationFrom(r.Context())
-		if target == nil || caller == unreviewedCaller || !ok || c.Verb == 0 ||
+		if target == nil || isUnreviewed(caller) || !ok || c.Verb == 0 ||
 			charges != nil && !charges(budgetRequest(caller, c, false)) && !charges(budgetRequest(target, c, true)) {
 			next.ServeHTTP(w, r)
 			return
