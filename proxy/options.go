@@ -114,8 +114,9 @@ type Options struct {
 	// --api-audiences). Tokens for other audiences are reviewed.
 	ServiceAccountAudiences []string
 	// ServiceAccountKeysRefreshInterval is how often the issuer's keys are
-	// fetched again; default 5m. Unknown key ids fetch them too, at most
-	// once per 10s.
+	// fetched again; default 5m. Unknown key ids on otherwise acceptable
+	// tokens fetch them too, at most once per 10s per client network and
+	// once a second in all.
 	ServiceAccountKeysRefreshInterval time.Duration
 
 	// MaxRejectDelay bounds how long a rejected request waits before its

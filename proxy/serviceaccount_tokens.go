@@ -67,14 +67,17 @@ const (
 // server authenticates it again.
 //
 // The key set is fetched at start, every refresh interval, and when a
-// token names a key id the proxy does not know; those refreshes are rate
-// limited (at most one per minRefresh), so random key ids cannot become a
-// flood of requests. It is safe for concurrent use.
+// token that passes every check but the signature (plausible) names a key
+// id the proxy does not know; those fetches are rate limited per client
+// network and in all (minKeyRefresh), so random key ids cannot become a
+// flood of requests nor use up the fetch a real rotation needs. It is safe for concurrent use.
 type serviceAccountTokens struct {
-	client     rest.Interface
-	audiences  []string // empty: the issuer itself, kube-apiserver's default --api-audiences
-	clock      clock.PassiveClock
-	unknownKid *rate.Limiter
+	client    rest.Interface
+	audiences []string // empty: the issuer itself, kube-apiserver's default --api-audiences
+	clock     clock.PassiveClock
+	// unknownKid limits the key fetches caused by unknown key ids, per
+	// client network and in all (see mayFetchFor).
+	unknownKid *fairReviews
 	flights    singleflight.Group
 	// bound checks that a token's objects still exist; nil: not checked.
 	bound *boundObjects
@@ -122,9 +125,16 @@ type boundRefs struct {
 // with an unknown key id may wait for it.
 const keyFetchTimeout = 5 * time.Second
 
-// minKeyRefresh is the shortest time between two key-set fetches caused by
-// unknown key ids.
-const minKeyRefresh = 10 * time.Second
+// Key fetches caused by unknown key ids: at most one per minKeyRefresh
+// for each client network, and keyRefreshesPerSecond in all, over at
+// most keyRefreshRequesters networks (LRU). So a network that floods
+// tokens with random key ids uses up only its own fetches, and a real
+// rotation, seen from any other network, is fetched within a second.
+const (
+	minKeyRefresh         = 10 * time.Second
+	keyRefreshesPerSecond = 1
+	keyRefreshRequesters  = 1024
+)
 
 // newServiceAccountTokens verifies tokens with the issuer's keys fetched
 // through client, and their objects with bound (nil: not checked). Up to
@@ -135,7 +145,7 @@ const minKeyRefresh = 10 * time.Second
 func newServiceAccountTokens(client rest.Interface, audiences []string, clk clock.PassiveClock, cacheSize int, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
 	s := &serviceAccountTokens{
 		client: client, audiences: audiences, clock: clk, bound: bound,
-		unknownKid: rate.NewLimiter(rate.Every(minKeyRefresh), 1),
+		unknownKid: newFairReviews(keyRefreshesPerSecond, 1, float64(rate.Every(minKeyRefresh)), 1, keyRefreshRequesters),
 	}
 	if cacheSize > 0 && cacheTTL > 0 {
 		s.verified = utilcache.NewLRUExpireCacheWithClock(cacheSize, clk)
@@ -330,7 +340,7 @@ func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, n
 	}
 	kid := tok.Headers[0].KeyID
 	keys := s.keysFor(kid)
-	if len(keys) == 0 && s.unknownKid.AllowN(now, 1) {
+	if len(keys) == 0 && s.plausible(&unverified, tok, issuer, now) && s.unknownKid.allow(reviewRequesterFrom(ctx), laneNew, now) {
 		_ = s.refresh(ctx)
 		keys = s.keysFor(kid)
 	}
@@ -386,6 +396,31 @@ func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, n
 	u := info.UserInfo()
 	d := &user.DefaultInfo{Name: u.GetName(), UID: u.GetUID(), Groups: append(slices.Clone(u.GetGroups()), user.AllAuthenticated), Extra: u.GetExtra()}
 	return d, validServiceAccount, &public, refs
+}
+
+// plausible reports whether a token whose key is unknown passes every
+// check that needs no key — issuer, expiry and not-before, audience, and a
+// subject that is the service account its private claims name — so that
+// only such tokens may cause a key fetch: a made-up key id on a token the
+// proxy would not accept anyway fetches nothing.
+func (s *serviceAccountTokens) plausible(public *jwt.Claims, tok *jwt.JSONWebToken, issuer string, now time.Time) bool {
+	if public.ValidateWithLeeway(jwt.Expected{Issuer: issuer, Time: now}, 0) != nil {
+		return false
+	}
+	auds := s.audiences
+	if len(auds) == 0 {
+		auds = []string{issuer}
+	}
+	if !slices.ContainsFunc(auds, public.Audience.Contains) {
+		return false
+	}
+	var private privateClaims
+	if tok.UnsafeClaimsWithoutVerification(&private) != nil {
+		return false
+	}
+	k := private.Kubernetes
+	return k.Namespace != "" && k.ServiceAccount.Name != "" && k.ServiceAccount.UID != "" &&
+		public.Subject == serviceaccount.MakeUsername(k.Namespace, k.ServiceAccount.Name)
 }
 
 func (s *serviceAccountTokens) keysFor(kid string) []jose.JSONWebKey {

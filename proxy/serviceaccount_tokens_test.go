@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -148,6 +149,43 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 		}
 		if n := issuer.fetches.Load() - before; n != 2 {
 			t.Fatalf("%d key fetches, want 2", n)
+		}
+	})
+
+	t.Run("random key ids from one network do not delay a rotation seen from another", func(t *testing.T) {
+		clk.Step(time.Minute)
+		flooded := withReviewRequester(ctx, "10.0.0.0/24")
+		before := issuer.fetches.Load()
+		for i := range 20 {
+			if _, v := sa.verify(flooded, saToken(t, other, fmt.Sprint("random-", i), testIssuer, testIssuer, exp), clk.Now()); v != notLocal {
+				t.Fatalf("verdict %v for a random key id, want notLocal", v)
+			}
+			clk.Step(100 * time.Millisecond)
+		}
+		if n := issuer.fetches.Load() - before; n != 1 {
+			t.Fatalf("%d key fetches for 2s of random key ids from one network, want 1", n)
+		}
+		rotated := newKey(t)
+		issuer.publish("k3", rotated)
+		clk.Step(time.Second)
+		if _, v := sa.verify(withReviewRequester(ctx, "10.0.1.0/24"), saToken(t, rotated, "k3", testIssuer, testIssuer, exp), clk.Now()); v != validServiceAccount {
+			t.Fatalf("verdict %v for the rotated key, from another network, want valid", v)
+		}
+	})
+
+	t.Run("unknown key ids on tokens refused anyway fetch nothing", func(t *testing.T) {
+		clk.Step(time.Minute)
+		before := issuer.fetches.Load()
+		for name, tok := range map[string]string{
+			"expired":          saToken(t, other, "k9", testIssuer, testIssuer, clk.Now().Add(-time.Minute)),
+			"another audience": saToken(t, other, "k9", testIssuer, "vault", exp),
+		} {
+			if _, v := sa.verify(ctx, tok, clk.Now()); v != notLocal {
+				t.Fatalf("%s: verdict %v, want notLocal", name, v)
+			}
+		}
+		if n := issuer.fetches.Load() - before; n != 0 {
+			t.Fatalf("%d key fetches, want none", n)
 		}
 	})
 }
