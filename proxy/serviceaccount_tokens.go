@@ -70,13 +70,14 @@ const (
 // token that passes every check but the signature (plausible) names a key
 // id the proxy does not know; those fetches are rate limited per client
 // network and in all (minKeyRefresh), so random key ids cannot become a
-// flood of requests nor use up the fetch a real rotation needs. It is safe for concurrent use.
+// flood of requests nor use up the fetch a real rotation needs. It is
+// safe for concurrent use.
 type serviceAccountTokens struct {
 	client    rest.Interface
 	audiences []string // empty: the issuer itself, kube-apiserver's default --api-audiences
 	clock     clock.PassiveClock
 	// unknownKid limits the key fetches caused by unknown key ids, per
-	// client network and in all (see mayFetchFor).
+	// client network and in all (see plausible).
 	unknownKid *fairReviews
 	flights    singleflight.Group
 	// bound checks that a token's objects still exist; nil: not checked.
