@@ -176,7 +176,7 @@ func TestTokenOfADeletedPodIsRefusedLocally(t *testing.T) {
 	sa := serviceAccount(t, ns, "agent", readWatch("pods"))
 	pod, err := env.Clientset.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "agent-0"},
-		Spec: corev1.PodSpec{ServiceAccountName: sa.Name, Containers: []corev1.Container{{Name: "agent", Image: "agent"}}},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa.Name, Containers: []corev1.Container{{Name: "agent", Image: "agent"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
