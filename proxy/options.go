@@ -80,9 +80,12 @@ type Options struct {
 	ReviewBurst          int
 	MaxConcurrentReviews int
 	// TokenReviewsPerClientPerSecond and TokenReviewClientBurst are each
-	// client address's own TokenReview bucket, taken before the shared
-	// one, so that one client flooding random tokens spends at most this
-	// rate of the shared budget; defaults 5 and 20.
+	// client network's (IPv4 /24, IPv6 /64) own TokenReview bucket, taken
+	// before the shared one, so that one network flooding random tokens
+	// spends at most this rate of the shared budget; defaults 5 and 20.
+	// Tokens found valid in the last 30 minutes revalidate through a
+	// reserved bucket of a quarter of ReviewsPerSecond and ReviewBurst
+	// instead.
 	TokenReviewsPerClientPerSecond float64
 	TokenReviewClientBurst         int
 	// ImpersonationReviewsPerCallerPerSecond and
