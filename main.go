@@ -134,9 +134,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"Default 64 KiB: a service-account token is ~1 KiB, an OIDC token a few KiB, an agent impersonating a user in 200 groups ~15 KiB; "+
 		"Go's and kube-apiserver's 1 MiB would let each slow connection pin 1 MiB (1,000 of them: over the chart's 512 Mi limit).")
 	fs.StringVar(&o.reviewFailurePolicy, "review-failure-policy", string(proxy.FailClosed), "What a request gets when its TokenReview or impersonation SubjectAccessReview fails or times out: "+
-		"Closed (503 with Retry-After) or Open (forwarded; the API server still authenticates it; charged to system:watchgate:unreviewed, or to the caller for a failed impersonation check).")
+		"Closed (503 with Retry-After) or Open (forwarded; the API server still authenticates it; charged to a user of the token's own in the group system:watchgate:unreviewed, or to the caller for a failed impersonation check).")
 	fs.DurationVar(&o.reviewTimeout, "review-timeout", 10*time.Second, "Longest wait for one TokenReview or SubjectAccessReview.")
-	fs.Float64Var(&o.tokenReviewsPerClient, "token-reviews-per-client-per-second", 5, "TokenReviews per second each client address may cause (its own bucket, before the shared --reviews limit).")
+	fs.Float64Var(&o.tokenReviewsPerClient, "token-reviews-per-client-per-second", 5, "TokenReviews per second each client network (IPv4 /24, IPv6 /64) may cause (its own bucket, before the shared --reviews limit).")
 	fs.IntVar(&o.tokenReviewClientBurst, "token-review-client-burst", 20, "Burst of --token-reviews-per-client-per-second.")
 	fs.Float64Var(&o.impersonationReviewsPerCall, "impersonation-reviews-per-caller-per-second", 20, "Impersonation SubjectAccessReviews per second each caller may cause; callers allowed an impersonation in the last 10 minutes use only this bucket.")
 	fs.IntVar(&o.impersonationReviewBurst, "impersonation-review-caller-burst", 200, "Burst of --impersonation-reviews-per-caller-per-second.")

@@ -26,13 +26,20 @@ var (
 	localVerifications = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_local_token_verifications_total",
 		Help: "Bearer tokens by local service-account verification result: valid (no TokenReview), forged " +
-			"(the issuer's JWT with a bad signature, 401 without TokenReview), reviewed (not verifiable locally, TokenReview).",
+			"(the issuer's JWT with a bad signature, 401 without TokenReview), revoked (validly signed, but its service account, " +
+			"pod or node is gone or has another UID, 401 without TokenReview), reviewed (not verifiable locally, TokenReview).",
 	}, []string{"result"})
 
 	keyRefreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_service_account_key_refreshes_total",
 		Help: "Fetches of the API server's service-account issuer keys (/openid/v1/jwks), by result (ok, error).",
 	}, []string{"result"})
+
+	boundObjectLookupErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "watchgate_proxy_bound_object_lookup_errors_total",
+		Help: "Metadata GETs of a service account, pod or node named by a service-account token that failed; " +
+			"the token is then reviewed with a TokenReview.",
+	})
 
 	credentialsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_credentials_refused_total",
@@ -42,5 +49,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(reviewsSent, reviewsFailed, reviewFailOpen, localVerifications, keyRefreshes, credentialsRefused)
+	metrics.Registry.MustRegister(reviewsSent, reviewsFailed, reviewFailOpen, localVerifications, keyRefreshes, boundObjectLookupErrors, credentialsRefused)
 }

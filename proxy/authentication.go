@@ -10,11 +10,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
@@ -37,17 +40,48 @@ const (
 	// FailOpen forwards the request (the API server still authenticates
 	// and authorizes it with the caller's own credentials) and charges it
 	// to an identity the caller cannot otherwise spend: a token that could
-	// not be reviewed is charged to the user system:watchgate:unreviewed
-	// (group system:watchgate:unreviewed, impersonation headers ignored);
-	// an impersonation that could not be checked is charged to the caller
-	// itself. Throttled reviews (the proxy's own flood protection) are
+	// not be reviewed is charged to a user of its own named by a hash of
+	// the token, system:watchgate:unreviewed:<hash>, in the group
+	// system:watchgate:unreviewed (impersonation headers ignored; see
+	// unreviewedCaller); an impersonation that could not be checked is
+	// charged to the caller itself. Throttled reviews (the proxy's own flood protection) are
 	// 429 in both policies.
 	FailOpen ReviewFailurePolicy = "Open"
 )
 
+// unreviewedPrefix and unreviewedGroup name whom FailOpen charges for a
+// token it could not review. "system:" names are reserved for Kubernetes
+// itself.
+const (
+	unreviewedGroup  = "system:watchgate:unreviewed"
+	unreviewedPrefix = unreviewedGroup + ":"
+)
+
+// unreviewedSalt keys unreviewedCaller's hashes, so that they cannot be
+// precomputed from a token.
+var unreviewedSalt = func() (b [32]byte) {
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails
+	}
+	return b
+}()
+
 // unreviewedCaller is whom FailOpen charges for a token it could not
-// review. "system:" names are reserved for Kubernetes itself.
-var unreviewedCaller = &user.DefaultInfo{Name: "system:watchgate:unreviewed", Groups: []string{"system:watchgate:unreviewed"}}
+// review: a user of the token's own, named by 64 bits of a salted hash of
+// it, in unreviewedGroup. A budget governs them all by the group, but each
+// token spends its own buckets, so that one caller's flood while reviews
+// fail does not refuse every other caller (as one shared identity would).
+// The engine bounds the identities it tracks (Options.MaxTrackedKeys), so
+// a flood of random tokens costs bounded memory.
+func unreviewedCaller(token string) *user.DefaultInfo {
+	h := sha256.New()
+	h.Write(unreviewedSalt[:])
+	h.Write([]byte(token))
+	return &user.DefaultInfo{Name: unreviewedPrefix + hex.EncodeToString(h.Sum(nil)[:8]), Groups: []string{unreviewedGroup}}
+}
+
+// isUnreviewed reports whether u is an unreviewedCaller.
+func isUnreviewed(u user.Info) bool { return strings.HasPrefix(u.GetName(), unreviewedPrefix) }
 
 // withAuthentication admits only requests that carry a bearer token auth
 // accepts, and leaves the caller's user.Info in the context. The token is
@@ -56,8 +90,9 @@ var unreviewedCaller = &user.DefaultInfo{Name: "system:watchgate:unreviewed", Gr
 // one gets 401 without forwarding; a token that could not be reviewed
 // because reviews are throttled gets 429, because the review failed 503,
 // both with Retry-After, which client-go retries (or, with FailOpen, the
-// request is forwarded as unreviewedCaller). The client's address is the
-// requester whose review budget a TokenReview spends. The Authorization
+// request is forwarded, charged to unreviewedCaller). The client's network
+// (clientPrefix) is the requester whose review budget a TokenReview
+// spends. The Authorization
 // header is left untouched: the API server checks the token again on the
 // forwarded request.
 func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, log *sampledLogger, next http.Handler) http.Handler {
@@ -73,24 +108,15 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		ctx := withReviewRequester(r.Context(), clientAddress(r))
+		ctx := withReviewRequester(r.Context(), clientPrefix(r))
 		resp, ok, err := auth.AuthenticateToken(ctx, token)
 		switch {
-		case errors.Is(err, errReviewsThrottled):
-			writeStatus(w, r, apierrors.NewTooManyRequests("too many new tokens to review, please try again later", 1))
-			return
-		case r.Context().Err() != nil:
-			return // the client left
-		case err != nil && policy == FailOpen:
-			log.Info("Cannot review token; forwarding as unreviewed (fail open)", "err", err.Error())
-			reviewFailOpen.WithLabelValues("token").Inc()
-			st, r := stateOf(r)
-			st.caller = unreviewedCaller
-			next.ServeHTTP(w, r)
-			return
 		case err != nil:
-			log.Info("Cannot review token", "err", err.Error())
-			writeStatus(w, r, reviewUnavailable("authentication"))
+			if policy.failed(w, r, tokenReview, err, log) {
+				st, r := stateOf(r)
+				st.caller = unreviewedCaller(token)
+				next.ServeHTTP(w, r)
+			}
 			return
 		case !ok || resp == nil || resp.User == nil:
 			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
@@ -102,32 +128,89 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 	})
 }
 
-// reviewUnavailable is the fail-closed answer when a review failed: 503
-// with Retry-After.
-func reviewUnavailable(what string) *apierrors.StatusError {
-	return serviceUnavailable(what+" is unavailable, please try again later", 1)
+// reviewKind is one kind of review, as ReviewFailurePolicy.failed names
+// it to the client, the logs and the metrics.
+type reviewKind struct {
+	label       string // the metrics label: token, impersonation
+	throttled   string // the 429 message
+	unavailable string // what the 503 message says is unavailable
+	failOpen    string // the log message under FailOpen
+	failClosed  string // the log message under FailClosed
 }
 
-// clientAddress is the IP the request came from, without port: the
-// requester of its TokenReviews. Forwarding headers are not trusted.
-func clientAddress(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+var (
+	tokenReview = reviewKind{
+		label: "token", throttled: "too many new tokens to review, please try again later", unavailable: "authentication",
+		failOpen: "Cannot review token; forwarding as unreviewed (fail open)", failClosed: "Cannot review token",
+	}
+	impersonationReview = reviewKind{
+		label: "impersonation", throttled: "too many impersonation checks, please try again later", unavailable: "the impersonation check",
+		failOpen: "Cannot check impersonation; charging the caller (fail open)", failClosed: "Cannot check impersonation",
+	}
+)
+
+// failed answers a request whose review of kind k ended with err
+// (non-nil), the one place where the policy is applied: 429 with
+// Retry-After when reviews are throttled (in both policies), nothing when
+// the client left, 503 with Retry-After under FailClosed. Under FailOpen
+// it answers nothing and returns true: the caller forwards the request,
+// charged as FailOpen says. keysAndValues go to the log line.
+func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k reviewKind, err error, log *sampledLogger, keysAndValues ...any) (forward bool) {
+	switch {
+	case errors.Is(err, errReviewsThrottled):
+		writeStatus(w, r, apierrors.NewTooManyRequests(k.throttled, 1))
+		return false
+	case r.Context().Err() != nil:
+		return false // the client left
+	case p == FailOpen:
+		log.Info(k.failOpen, append(keysAndValues, "err", err.Error())...)
+		reviewFailOpen.WithLabelValues(k.label).Inc()
+		return true
+	default:
+		log.Info(k.failClosed, append(keysAndValues, "err", err.Error())...)
+		writeStatus(w, r, serviceUnavailable(k.unavailable+" is unavailable, please try again later", 1))
+		return false
+	}
+}
+
+// clientPrefix is the network the request came from, the requester of its
+// TokenReviews: the client address's IPv4 /24 or IPv6 /64, so that the
+// addresses of one network (pods of a node, clients behind one SNAT, an
+// IPv6 /64 handed to one host) share one review bucket rather than take
+// one each. Forwarding headers are not trusted. The key is at most a
+// prefix's text, whatever RemoteAddr holds.
+func clientPrefix(r *http.Request) string {
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		host = h
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		if len(host) > 64 {
+			host = host[:64]
+		}
 		return host
 	}
-	if len(r.RemoteAddr) > 64 {
-		return r.RemoteAddr[:64]
+	addr = addr.Unmap()
+	bits := 64
+	if addr.Is4() {
+		bits = 24
 	}
-	return r.RemoteAddr
+	p, _ := addr.WithZone("").Prefix(bits)
+	return p.String()
 }
 
 // validLocalVerifications is looked up once: nearly every request of a
 // service account counts there.
 var validLocalVerifications = localVerifications.WithLabelValues("valid")
 
+// verdictLabels are the metric labels of the verdicts that refuse a token.
+var verdictLabels = map[serviceAccountVerdict]string{forged: "forged", revoked: "revoked"}
+
 // localThenReviewed verifies service-account tokens locally (local may be
 // nil) and hands every other token to reviewed: a validly signed
-// service-account token needs no TokenReview, and a forged one is 401
-// without one.
+// service-account token needs no TokenReview, and a forged or revoked one
+// is 401 without one.
 func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token, clk clock.PassiveClock) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		if local != nil {
@@ -136,8 +219,8 @@ func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token
 			case validServiceAccount:
 				validLocalVerifications.Inc()
 				return &authenticator.Response{User: u}, true, nil
-			case forged:
-				localVerifications.WithLabelValues("forged").Inc()
+			case forged, revoked:
+				localVerifications.WithLabelValues(verdictLabels[verdict]).Inc()
 				return nil, false, nil
 			}
 			localVerifications.WithLabelValues("reviewed").Inc()
@@ -176,10 +259,23 @@ func tokenReviewer(client authenticationv1client.TokenReviewInterface) authentic
 // rejected token.
 type tokenAnswer struct{ user user.Info }
 
+// Tokens found valid within recentTokensTTL revalidate through a reserved
+// review bucket of recentTokensShare of ReviewsPerSecond and ReviewBurst,
+// on top of the shared one: a caller whose token was valid half an hour
+// ago is all but certainly the same caller, and a flood of unknown tokens
+// must not keep it out when its cached answer expires.
+const (
+	recentTokensTTL   = 30 * time.Minute
+	recentTokensShare = 0.25
+)
+
 // cachedTokens wraps a token authenticator with a reviewCache. Tokens are
 // keyed by HMAC-SHA256 with a random key, so the cache holds no token and
-// its keys cannot be precomputed.
-func cachedTokens(inner authenticator.Token, cache *reviewCache, ttl, negativeTTL time.Duration) authenticator.Token {
+// its keys cannot be precomputed. Tokens found valid are also remembered
+// in recent (by key, for recentTTL, bounded in count; nil: none): when
+// such a token's answer has expired from the cache, its new review takes
+// laneRecent, the review budget a flood of unknown tokens cannot spend.
+func cachedTokens(inner authenticator.Token, cache *reviewCache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
 	hmacKey := make([]byte, 32)
 	if _, err := rand.Read(hmacKey); err != nil {
 		panic(err) // crypto/rand never fails
@@ -187,15 +283,28 @@ func cachedTokens(inner authenticator.Token, cache *reviewCache, ttl, negativeTT
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		mac := hmac.New(sha256.New, hmacKey)
 		mac.Write([]byte(token))
-		key := hex.EncodeToString(mac.Sum(nil))
-		v, err := cache.get(ctx, key, reviewRequesterFrom(ctx), false, func(ctx context.Context) (any, time.Duration, error) {
+		var sum [sha256.Size]byte
+		key := string(mac.Sum(sum[:0]))
+		lane := laneNew
+		if recent != nil {
+			if _, ok := recent.Get(key); ok {
+				lane = laneRecent
+			}
+		}
+		v, err := cache.get(ctx, key, reviewRequesterFrom(ctx), lane, func(ctx context.Context) (any, time.Duration, error) {
 			resp, ok, err := inner.AuthenticateToken(ctx, token)
 			switch {
 			case err != nil:
 				return nil, 0, err
 			case !ok || resp == nil || resp.User == nil:
+				if recent != nil {
+					recent.Remove(key)
+				}
 				return tokenAnswer{}, negativeTTL, nil
 			default:
+				if recent != nil {
+					recent.Add(key, struct{}{}, recentTTL)
+				}
 				return tokenAnswer{user: resp.User}, ttl, nil
 			}
 		})

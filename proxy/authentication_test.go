@@ -15,7 +15,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -102,7 +104,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a good and a bad token are each reviewed once per TTL", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0)
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), time.Minute, 10*time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
 		for range 5 {
 			if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
 				t.Fatalf("good token: %v %v", ok, err)
@@ -125,7 +127,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a flood of random tokens costs at most the review burst", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), time.Minute, 10*time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
 		throttled := 0
 		for i := range 1000 {
 			_, ok, err := auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
@@ -141,9 +143,37 @@ func TestTokenCache(t *testing.T) {
 		}
 	})
 
+	t.Run("a token valid recently revalidates through the reserved bucket, whatever floods the shared one", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(t0)
+		inner := &countingTokens{}
+		recent := utilcache.NewLRUExpireCacheWithClock(100, clk)
+		// Buckets that refill too slowly to matter within the test.
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(0.001, 5, 1000, 1000, 100).withReserve(0.001, 2), 4, 10*time.Second, clk),
+			recent, time.Minute, 10*time.Second, time.Hour)
+		if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
+			t.Fatalf("good token: %v %v", ok, err)
+		}
+		for i := range 100 {
+			_, _, _ = auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
+		}
+		if _, _, err := auth.AuthenticateToken(ctx, "another-unknown"); !errors.Is(err, errReviewsThrottled) {
+			t.Fatalf("an unknown token with the shared bucket empty: %v, want throttled", err)
+		}
+		for range 2 { // the good token's answer expires twice; each time it is reviewed again
+			clk.Step(61 * time.Second)
+			if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
+				t.Fatalf("good token after its answer expired: %v %v", ok, err)
+			}
+		}
+		clk.Step(61 * time.Second)
+		if _, _, err := auth.AuthenticateToken(ctx, "good"); !errors.Is(err, errReviewsThrottled) {
+			t.Fatalf("a third revalidation beyond the reserved burst 2: %v, want throttled", err)
+		}
+	})
+
 	t.Run("concurrent requests with one token share one review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
 		var wg sync.WaitGroup
 		for range 10 {
 			wg.Go(func() {
@@ -163,11 +193,57 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a caller that leaves does not wait for the review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
 		defer close(inner.release)
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), time.Minute, time.Second)
+		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 		defer cancel()
 		if _, _, err := auth.AuthenticateToken(cctx, "good"); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("err = %v, want the caller's deadline", err)
 		}
 	})
+}
+
+func TestClientPrefix(t *testing.T) {
+	for addr, want := range map[string]string{
+		"127.0.0.1:5000":            "127.0.0.0/24",
+		"127.0.0.77:5000":           "127.0.0.0/24",
+		"127.0.1.1:5000":            "127.0.1.0/24",
+		"[2001:db8:1:2:3:4:5:6]:80": "2001:db8:1:2::/64",
+		"[2001:db8:1:3::1]:80":      "2001:db8:1:3::/64",
+		"[::ffff:10.1.2.3]:80":      "10.1.2.0/24",
+		"[fe80::1%eth0]:80":         "fe80::/64",
+		"not an address":            "not an address",
+	} {
+		if got := clientPrefix(&http.Request{RemoteAddr: addr}); got != want {
+			t.Errorf("clientPrefix(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// With FailOpen, a token that could not be reviewed is charged to a user
+// of its own in the group system:watchgate:unreviewed, not to one identity
+// shared by every caller whose review failed.
+func TestFailOpenChargesEachTokenItsOwnIdentity(t *testing.T) {
+	var got []user.Info
+	h := withAuthentication(failingTokens(errors.New("boom")), FailOpen, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _ := callerFrom(r.Context())
+		got = append(got, u)
+	}))
+	for _, token := range []string{"one", "two", "one"} {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("token %s: HTTP %d, want forwarded", token, rec.Code)
+		}
+	}
+	for i, u := range got {
+		if !strings.HasPrefix(u.GetName(), "system:watchgate:unreviewed:") || len(u.GetName()) > 64 ||
+			len(u.GetGroups()) != 1 || u.GetGroups()[0] != "system:watchgate:unreviewed" || !isUnreviewed(u) {
+			t.Errorf("caller %d: %s %v, want system:watchgate:unreviewed:<hash> in group system:watchgate:unreviewed", i, u.GetName(), u.GetGroups())
+		}
+	}
+	if got[0].GetName() == got[1].GetName() || got[0].GetName() != got[2].GetName() {
+		t.Errorf("callers %s, %s, %s: want one per token", got[0].GetName(), got[1].GetName(), got[2].GetName())
+	}
 }

@@ -9,11 +9,13 @@
 //	                    (stack.go), instead of copying it deep inside the filters
 //	withAuthentication  bearer token, read as kube-apiserver reads it (headers.go; 400 where the two
 //	                    could differ) → service-account JWTs verified locally against the API
-//	                    server's published keys (serviceaccount_tokens.go), every other token by
-//	                    TokenReview (cached, fair per client address, bounded); 401 without forwarding
+//	                    server's published keys (serviceaccount_tokens.go) and their service
+//	                    account, pod or node (boundobjects.go), every other token by TokenReview
+//	                    (reviewcache.go: cached, fair per client network, a lane for tokens valid
+//	                    recently, bounded); 401 without forwarding
 //	withClassification  RequestInfoFactory: watch (?watch=true and /watch/ paths), list,
 //	                    group/resource/namespace/name, selectors, resourceVersion, …
-//	withBudgetIdentity  only for what a budget decides: Impersonate-* headers → the budget
+//	withBudgetIdentity  only for what a budget charges: Impersonate-* headers → the budget
 //	                    identity, when a SubjectAccessReview (cached, fair per caller) says the
 //	                    caller may impersonate
 //	withAdmission       coalescing.go, then engine.Decide: stale version → 200 with one ERROR/410

@@ -21,6 +21,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+
+	"github.com/watchgate/watchgate/ratelimit"
 )
 
 // withBudgetIdentity decides whose budget a request spends. Without
@@ -34,7 +36,11 @@ import (
 //
 // It runs after classification, and reviews only requests a budget
 // decides (watches and lists of resources): /version, gets, writes and
-// everything else pass without a SubjectAccessReview. Impersonation
+// everything else pass without a SubjectAccessReview. So do watches and
+// lists that charges says no budget charges, neither as the caller nor as
+// the impersonated identity (no budget governs them, or only Exempt
+// ones): their decision cannot depend on the review, and the API server
+// authorizes the impersonation itself. A nil charges charges everything. Impersonation
 // headers kube-apiserver refuses with 400 (groups, extras or a UID without
 // a user) get 400 here. When the reviews are throttled the request gets
 // 429; when they fail, 503 (FailClosed) or it is charged to the caller
@@ -42,7 +48,7 @@ import (
 //
 // Only the classic "impersonate" verb is checked; a caller allowed only
 // constrained impersonation is charged in its own name.
-func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, log *sampledLogger, next http.Handler) http.Handler {
+func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, charges chargesFunc, log *sampledLogger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller, ok := callerFrom(r.Context())
 		if !ok {
@@ -54,26 +60,19 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 			writeStatus(w, r, apierrors.NewBadRequest(err.Error()))
 			return
 		}
-		if c, ok := classificationFrom(r.Context()); target == nil || caller == unreviewedCaller || !ok || c.Verb == 0 {
+		c, ok := classificationFrom(r.Context())
+		if target == nil || isUnreviewed(caller) || !ok || c.Verb == 0 ||
+			charges != nil && !charges(budgetRequest(caller, c, false)) && !charges(budgetRequest(target, c, true)) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		for _, attrs := range checks {
 			decision, _, err := auth.Authorize(r.Context(), attrs)
 			switch {
-			case errors.Is(err, errReviewsThrottled):
-				writeStatus(w, r, apierrors.NewTooManyRequests("too many impersonation checks, please try again later", 1))
-				return
-			case r.Context().Err() != nil:
-				return // the client left
-			case err != nil && policy == FailOpen:
-				log.Info("Cannot check impersonation; charging the caller (fail open)", "caller", caller.GetName(), "err", err.Error())
-				reviewFailOpen.WithLabelValues("impersonation").Inc()
-				next.ServeHTTP(w, r)
-				return
 			case err != nil:
-				log.Info("Cannot check impersonation", "caller", caller.GetName(), "err", err.Error())
-				writeStatus(w, r, reviewUnavailable("the impersonation check"))
+				if policy.failed(w, r, impersonationReview, err, log, "caller", caller.GetName()) {
+					next.ServeHTTP(w, r)
+				}
 				return
 			case decision != authorizer.DecisionAllow:
 				next.ServeHTTP(w, r)
@@ -84,6 +83,29 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 		st.identity = target
 		next.ServeHTTP(w, r)
 	})
+}
+
+// chargesFunc tells whether a budget charges r (ratelimit.Policy.Charges).
+type chargesFunc func(r *ratelimit.Request) bool
+
+// chargesOf asks the engine's current policy, when the engine has one (a
+// *ratelimit.Engine does); nil otherwise.
+func chargesOf(e Engine) chargesFunc {
+	p, ok := e.(interface{ Policy() *ratelimit.Policy })
+	if !ok {
+		return nil
+	}
+	return func(r *ratelimit.Request) bool { return p.Policy().Charges(r) }
+}
+
+// budgetRequest is what the engine matches budgets by, for the request
+// classified c charged to u.
+func budgetRequest(u user.Info, c *classification, impersonated bool) *ratelimit.Request {
+	return &ratelimit.Request{
+		User: u.GetName(), Groups: u.GetGroups(), Verb: c.Verb,
+		Group: c.APIGroup, Resource: c.Resource, Namespace: c.Namespace,
+		Impersonated: impersonated,
+	}
 }
 
 // impersonationRequest returns the user the headers ask to act as and the
@@ -198,15 +220,19 @@ type authorizerAnswer struct {
 // cachedAuthorizer wraps an authorizer with a reviewCache keyed by the
 // user's full identity and the attributes checked. Each caller (the
 // attributes' user) spends its own review budget; callers that were
-// allowed to impersonate within the last knownImpersonatorTTL skip the
+// allowed to impersonate users or groups (earnsPrivilege) within the last
+// knownImpersonatorTTL skip the
 // shared bucket (fairReviews), so a flood from callers without rights
 // cannot starve an authorised agent's checks. known holds those callers,
 // by hash, bounded in count.
 func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
 	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 		requester := reviewerKeyOf(a.GetUser())
-		_, privileged := known.Get(requester)
-		v, err := cache.get(ctx, attributesKey(a), requester, privileged, func(ctx context.Context) (any, time.Duration, error) {
+		lane := laneNew
+		if _, ok := known.Get(requester); ok {
+			lane = laneTrusted
+		}
+		v, err := cache.get(ctx, attributesKey(a), requester, lane, func(ctx context.Context) (any, time.Duration, error) {
 			d, reason, err := inner.Authorize(ctx, a)
 			if err != nil {
 				return nil, 0, err
@@ -220,11 +246,19 @@ func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, known *ut
 			return authorizer.DecisionNoOpinion, "", err
 		}
 		ans := v.(authorizerAnswer)
-		if ans.decision == authorizer.DecisionAllow {
+		if ans.decision == authorizer.DecisionAllow && earnsPrivilege(a) {
 			known.Add(requester, struct{}{}, knownImpersonatorTTL)
 		}
 		return ans.decision, ans.reason, nil
 	})
+}
+
+// earnsPrivilege reports whether being allowed a makes its user a known
+// impersonator: only impersonating users or groups does. Impersonating a
+// namespace's service accounts is in the built-in edit role, so every
+// namespace editor would otherwise join the privileged lane.
+func earnsPrivilege(a authorizer.Attributes) bool {
+	return a.GetAPIGroup() == "" && (a.GetResource() == "users" || a.GetResource() == "groups")
 }
 
 // knownImpersonatorTTL is how long a caller that was allowed an

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/ratelimit"
 )
 
 func TestBudgetIdentity(t *testing.T) {
@@ -22,8 +24,9 @@ func TestBudgetIdentity(t *testing.T) {
 		headers    map[string][]string
 		auth       authorizer.Authorizer
 		policy     ReviewFailurePolicy
-		path       string // default a watch of pods
-		wantCode   int    // default 200
+		charges    chargesFunc // default: every request is charged
+		path       string      // default a watch of pods
+		wantCode   int         // default 200
 		wantUser   string
 		wantGroups []string
 	}{
@@ -81,6 +84,24 @@ func TestBudgetIdentity(t *testing.T) {
 			}),
 			wantUser: agent.Name, wantGroups: agent.Groups,
 		},
+		"a watch no budget charges, as the caller or as the impersonated user, needs no review": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			charges: func(*ratelimit.Request) bool { return false },
+			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+				panic("reviewed")
+			}),
+			wantUser: agent.Name, wantGroups: agent.Groups,
+		},
+		"a watch charged only as the impersonated user is reviewed": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			charges:  func(r *ratelimit.Request) bool { return r.Impersonated && r.User == "bob" && r.Resource == "pods" },
+			wantUser: "bob", wantGroups: []string{user.AllAuthenticated},
+		},
+		"a watch charged only as the caller is reviewed": {
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			charges:  func(r *ratelimit.Request) bool { return !r.Impersonated && r.User == agent.Name },
+			wantUser: "bob", wantGroups: []string{user.AllAuthenticated},
+		},
 		"a get of one object needs no review": {
 			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/api/v1/namespaces/a/pods/b",
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
@@ -107,7 +128,7 @@ func TestBudgetIdentity(t *testing.T) {
 				wantCode = 200
 			}
 			var got user.Info
-			h := withClassification(newRequestInfoFactory(), discardLogs(), withBudgetIdentity(auth, policy, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := withClassification(newRequestInfoFactory(), discardLogs(), withBudgetIdentity(auth, policy, tc.charges, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				got, _ = identityFrom(r.Context())
 			})))
 			req := httptest.NewRequest(http.MethodGet, path, nil)
@@ -174,5 +195,41 @@ func TestImpersonationCache(t *testing.T) {
 	check(alice, "bob")
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("reviews after 11s = %d, want 3 (only the denial expired)", n)
+	}
+}
+
+// Only callers allowed to impersonate users or groups join the privileged
+// lane: the built-in edit role may impersonate its namespace's service
+// accounts, so any namespace editor would.
+func TestOnlyImpersonatingUsersOrGroupsEarnsThePrivilegedLane(t *testing.T) {
+	allowAll := authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+		return authorizer.DecisionAllow, "", nil
+	})
+	for name, tc := range map[string]struct {
+		resource, namespace string
+		want                bool
+	}{
+		"a service account": {resource: "serviceaccounts", namespace: "ns1"},
+		"an extra":          {resource: "userextras"},
+		"a UID":             {resource: "uids"},
+		"a user":            {resource: "users", want: true},
+		"a group":           {resource: "groups", want: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			known := utilcache.NewLRUExpireCacheWithClock(100, clk)
+			auth := cachedAuthorizer(allowAll, newReviewCache("impersonation", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), known, time.Minute, 10*time.Second)
+			group := ""
+			if tc.resource == "userextras" || tc.resource == "uids" {
+				group = "authentication.k8s.io"
+			}
+			a := &authorizer.AttributesRecord{User: alice, Verb: "impersonate", APIGroup: group, Resource: tc.resource, Namespace: tc.namespace, Name: "x", ResourceRequest: true}
+			if d, _, err := auth.Authorize(context.Background(), a); err != nil || d != authorizer.DecisionAllow {
+				t.Fatalf("decision %v, %v", d, err)
+			}
+			if _, got := known.Get(reviewerKeyOf(alice)); got != tc.want {
+				t.Errorf("privileged after impersonating %s: %v, want %v", name, got, tc.want)
+			}
+		})
 	}
 }

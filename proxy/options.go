@@ -82,9 +82,12 @@ type Options struct {
 	ReviewBurst          int
 	MaxConcurrentReviews int
 	// TokenReviewsPerClientPerSecond and TokenReviewClientBurst are each
-	// client address's own TokenReview bucket, taken before the shared
-	// one, so that one client flooding random tokens spends at most this
-	// rate of the shared budget; defaults 5 and 20.
+	// client network's (IPv4 /24, IPv6 /64) own TokenReview bucket, taken
+	// before the shared one, so that one network flooding random tokens
+	// spends at most this rate of the shared budget; defaults 5 and 20.
+	// Tokens found valid in the last 30 minutes revalidate through a
+	// reserved bucket of a quarter of ReviewsPerSecond and ReviewBurst
+	// instead.
 	TokenReviewsPerClientPerSecond float64
 	TokenReviewClientBurst         int
 	// ImpersonationReviewsPerCallerPerSecond and
@@ -116,8 +119,9 @@ type Options struct {
 	// --api-audiences). Tokens for other audiences are reviewed.
 	ServiceAccountAudiences []string
 	// ServiceAccountKeysRefreshInterval is how often the issuer's keys are
-	// fetched again; default 5m. Unknown key ids fetch them too, at most
-	// once per 10s.
+	// fetched again; default 5m. Unknown key ids on otherwise acceptable
+	// tokens fetch them too, at most once per 10s per client network and
+	// once a second in all.
 	ServiceAccountKeysRefreshInterval time.Duration
 
 	// MaxRejectDelay bounds how long a rejected request waits before its

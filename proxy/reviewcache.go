@@ -29,30 +29,49 @@ type reviewCache struct {
 	entries *utilcache.LRUExpireCache
 	flights singleflight.Group
 	budget  *fairReviews
-	slots   chan struct{}
-	clock   clock.PassiveClock
-	timeout time.Duration
+	// slots caps the reviews in flight; reservedSlots, the reviews of
+	// laneRecent, which never wait for slots.
+	slots, reservedSlots chan struct{}
+	clock                clock.PassiveClock
+	timeout              time.Duration
 }
 
 func newReviewCache(kind string, size int, budget *fairReviews, concurrent int, timeout time.Duration, clk clock.PassiveClock) *reviewCache {
 	return &reviewCache{
-		kind:    kind,
-		entries: utilcache.NewLRUExpireCacheWithClock(size, clk),
-		budget:  budget,
-		slots:   make(chan struct{}, concurrent),
-		clock:   clk,
-		timeout: timeout,
+		kind:          kind,
+		entries:       utilcache.NewLRUExpireCacheWithClock(size, clk),
+		budget:        budget,
+		slots:         make(chan struct{}, concurrent),
+		reservedSlots: make(chan struct{}, max(1, concurrent/4)),
+		clock:         clk,
+		timeout:       timeout,
 	}
 }
+
+// reviewLane is which of fairReviews' buckets a review spends.
+type reviewLane int
+
+const (
+	// laneNew spends the requester's own bucket, then the shared one.
+	laneNew reviewLane = iota
+	// laneTrusted spends the requester's own bucket only: callers known
+	// to be allowed to impersonate users or groups, whom no one else can
+	// starve.
+	laneTrusted
+	// laneRecent spends only the reserved bucket, and its own review
+	// slots: tokens found valid a short while ago, whose callers never
+	// wait behind (or are throttled by) floods of unknown tokens. Without
+	// a reserved bucket it is laneNew.
+	laneRecent
+)
 
 // get returns the cached answer for key, or runs review once for every
 // caller asking for key at the same time and caches its answer for the TTL
 // it returns (0: not cached). A review is sent only when requester's
-// budget allows (see fairReviews.allow); privileged skips the shared
-// bucket. Errors are never cached. A review lasts at most the cache's
+// budget in lane allows (see fairReviews.allow). Errors are never cached. A review lasts at most the cache's
 // timeout; it is shared by every request waiting for the same key, so it
 // does not follow any one request's context.
-func (c *reviewCache) get(ctx context.Context, key, requester string, privileged bool, review func(context.Context) (any, time.Duration, error)) (any, error) {
+func (c *reviewCache) get(ctx context.Context, key, requester string, lane reviewLane, review func(context.Context) (any, time.Duration, error)) (any, error) {
 	if v, ok := c.entries.Get(key); ok {
 		reviewCacheLookups.WithLabelValues(c.kind, "hit").Inc()
 		return v, nil
@@ -62,15 +81,19 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, privileged
 		if v, ok := c.entries.Get(key); ok {
 			return v, nil
 		}
-		if !c.budget.allow(requester, privileged, c.clock.Now()) {
+		if !c.budget.allow(requester, lane, c.clock.Now()) {
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
 			return nil, errReviewsThrottled
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 		defer cancel()
+		slots := c.slots
+		if lane == laneRecent && c.budget.reserved != nil {
+			slots = c.reservedSlots
+		}
 		select {
-		case c.slots <- struct{}{}:
-			defer func() { <-c.slots }()
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
 		case <-rctx.Done():
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
 			return nil, errReviewsThrottled
@@ -94,18 +117,21 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, privileged
 	}
 }
 
-// fairReviews is the review budget: a token bucket per requester (a client
-// address for TokenReviews, a caller for SubjectAccessReviews) and one
-// shared bucket. A review needs a token from the requester's bucket first,
-// so a requester that floods empties only its own bucket and never the
-// shared one beyond its own rate; privileged requesters (callers already
-// known to be allowed to impersonate) skip the shared bucket, so no one
-// else can starve them. At most maxRequesters buckets are kept (LRU); a
-// requester pushed out starts again with a full bucket. The state per
-// requester is its key (bounded by the caller: an IP address or a hash) and
-// one rate.Limiter. It is safe for concurrent use.
+// fairReviews is the review budget: a token bucket per requester (a
+// client's network prefix for TokenReviews, a caller for
+// SubjectAccessReviews), one shared bucket, and optionally a reserved one.
+// A review needs a token from the requester's bucket first, so a requester
+// that floods empties only its own bucket and never the shared one beyond
+// its own rate; trusted requesters (laneTrusted: callers already known to
+// be allowed to impersonate) skip the shared bucket, so no one else can
+// starve them; reviews of laneRecent take only from the reserved bucket,
+// which nothing else spends. At most maxRequesters buckets are kept (LRU);
+// a requester pushed out starts again with a full bucket. The state per
+// requester is its key (bounded by the caller: a network prefix or a hash)
+// and one rate.Limiter. It is safe for concurrent use.
 type fairReviews struct {
 	shared       *rate.Limiter
+	reserved     *rate.Limiter // nil: none
 	perSecond    rate.Limit
 	burst        int
 	mu           sync.Mutex
@@ -121,9 +147,19 @@ func newFairReviews(sharedPerSecond float64, sharedBurst int, perSecond float64,
 	}
 }
 
-// allow takes a token from requester's bucket and, unless privileged, one
-// from the shared bucket, at now.
-func (f *fairReviews) allow(requester string, privileged bool, now time.Time) bool {
+// withReserve gives f a reserved bucket for laneRecent, and returns f.
+func (f *fairReviews) withReserve(perSecond float64, burst int) *fairReviews {
+	f.reserved = rate.NewLimiter(rate.Limit(perSecond), max(1, burst))
+	return f
+}
+
+// allow takes, at now, a token from the reserved bucket for laneRecent;
+// otherwise one from requester's bucket and, for laneNew, one from the
+// shared bucket.
+func (f *fairReviews) allow(requester string, lane reviewLane, now time.Time) bool {
+	if lane == laneRecent && f.reserved != nil {
+		return f.reserved.AllowN(now, 1)
+	}
 	f.mu.Lock()
 	var l *rate.Limiter
 	if v, ok := f.perRequester.Get(requester); ok {
@@ -136,7 +172,7 @@ func (f *fairReviews) allow(requester string, privileged bool, now time.Time) bo
 	if !l.AllowN(now, 1) {
 		return false
 	}
-	return privileged || f.shared.AllowN(now, 1)
+	return lane == laneTrusted || f.shared.AllowN(now, 1)
 }
 
 // requesterKey is the context key of the review requester.

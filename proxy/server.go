@@ -17,6 +17,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
@@ -99,12 +100,19 @@ func NewServer(opts Options) (*Server, error) {
 
 	reviewed := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()),
 		newReviewCache("token", o.TokenCacheSize,
-			newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked),
+			newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked).
+				withReserve(o.ReviewsPerSecond*recentTokensShare, int(float64(o.ReviewBurst)*recentTokensShare)),
 			o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
-		o.TokenCacheTTL, o.TokenCacheNegativeTTL)
+		utilcache.NewLRUExpireCacheWithClock(max(1, o.TokenCacheSize/4), o.Clock),
+		o.TokenCacheTTL, o.TokenCacheNegativeTTL, recentTokensTTL)
 	var saTokens *serviceAccountTokens
 	if *o.LocalServiceAccountTokens {
-		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL)
+		meta, err := metadata.NewForConfig(own)
+		if err != nil {
+			return nil, fmt.Errorf("proxy metadata client: %w", err)
+		}
+		bound := newBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, o.Clock)
+		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
 	}
 	tokens := localThenReviewed(saTokens, reviewed, o.Clock)
 	impersonation := cachedAuthorizer(subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews()),
@@ -133,7 +141,7 @@ func NewServer(opts Options) (*Server, error) {
 // first (withGrownStack).
 func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
-	h = withBudgetIdentity(impersonation, policy, logs, h)
+	h = withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
 	h = withAuthentication(tokens, policy, logs, h)
 	return withGrownStack(h)

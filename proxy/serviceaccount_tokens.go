@@ -42,6 +42,10 @@ const (
 	// signature does not verify with that key. kube-apiserver checks the
 	// same signature with the same key, so it is 401 without a review.
 	forged
+	// revoked: a validly signed token whose service account, pod or node
+	// no longer exists with the UID it names (boundObjects).
+	// kube-apiserver refuses it too, so it is 401 without a review.
+	revoked
 )
 
 // serviceAccountTokens verifies service-account JWTs locally, as
@@ -53,23 +57,33 @@ const (
 // proxy's own client), then iss, aud, exp and nbf, then the
 // kubernetes.io private claims.
 //
+// Then, as kube-apiserver's validator does, the objects the token names
+// must still exist with the UIDs it names (bound, see boundObjects): its
+// service account, and the pod or node it is bound to; a token whose pod
+// was deleted is 401 without being charged. Tokens bound to a secret or a
+// webhook configuration are left to a TokenReview: checking them locally
+// would need to read every Secret, and they are rare.
+//
 // Local verification only chooses whose budget a request spends. The
 // request is still forwarded with the caller's own token, and the API
-// server authenticates it again, including the checks the proxy cannot
-// make (the token's pod, secret or service account still exists with the
-// same UID): a revoked token is charged locally and then refused upstream
-// with 401.
+// server authenticates it again.
 //
 // The key set is fetched at start, every refresh interval, and when a
-// token names a key id the proxy does not know; those refreshes are rate
-// limited (at most one per minRefresh), so random key ids cannot become a
-// flood of requests. It is safe for concurrent use.
+// token that passes every check but the signature (plausible) names a key
+// id the proxy does not know; those fetches are rate limited per client
+// network and in all (minKeyRefresh), so random key ids cannot become a
+// flood of requests nor use up the fetch a real rotation needs. It is
+// safe for concurrent use.
 type serviceAccountTokens struct {
-	client     rest.Interface
-	audiences  []string // empty: the issuer itself, kube-apiserver's default --api-audiences
-	clock      clock.PassiveClock
-	unknownKid *rate.Limiter
+	client    rest.Interface
+	audiences []string // empty: the issuer itself, kube-apiserver's default --api-audiences
+	clock     clock.PassiveClock
+	// unknownKid limits the key fetches caused by unknown key ids, per
+	// client network and in all (see plausible).
+	unknownKid *fairReviews
 	flights    singleflight.Group
+	// bound checks that a token's objects still exist; nil: not checked.
+	bound *boundObjects
 
 	mu     sync.RWMutex
 	issuer string
@@ -97,24 +111,44 @@ type verifiedToken struct {
 	user                 user.Info
 	generation           uint64
 	validFrom, validTill time.Time
+	refs                 boundRefs
+}
+
+// boundRefs are the objects a valid token names that must still exist:
+// its service account, and the pod or the node it is bound to (node only
+// for a token bound to a node itself: a pod-bound token's node claims are
+// only information, as for kube-apiserver).
+type boundRefs struct {
+	namespace      string
+	serviceAccount claimRef
+	pod, node      *claimRef
 }
 
 // keyFetchTimeout bounds one fetch of the issuer and its keys; a request
 // with an unknown key id may wait for it.
 const keyFetchTimeout = 5 * time.Second
 
-// minKeyRefresh is the shortest time between two key-set fetches caused by
-// unknown key ids.
-const minKeyRefresh = 10 * time.Second
+// Key fetches caused by unknown key ids: at most one per minKeyRefresh
+// for each client network, and keyRefreshesPerSecond in all, over at
+// most keyRefreshRequesters networks (LRU). So a network that floods
+// tokens with random key ids uses up only its own fetches, and a real
+// rotation, seen from any other network, is fetched within a second.
+const (
+	minKeyRefresh         = 10 * time.Second
+	keyRefreshesPerSecond = 1
+	keyRefreshRequesters  = 1024
+)
 
 // newServiceAccountTokens verifies tokens with the issuer's keys fetched
-// through client. Up to cacheSize tokens found valid are remembered for at
-// most cacheTTL (never past their exp, never once the keys changed);
-// cacheSize 0 remembers none.
-func newServiceAccountTokens(client rest.Interface, audiences []string, clk clock.PassiveClock, cacheSize int, cacheTTL time.Duration) *serviceAccountTokens {
+// through client, and their objects with bound (nil: not checked). Up to
+// cacheSize tokens found valid are remembered for at most cacheTTL (never
+// past their exp, never once the keys changed); cacheSize 0 remembers
+// none. A remembered token's objects are checked again on every use
+// (bound remembers those answers itself).
+func newServiceAccountTokens(client rest.Interface, audiences []string, clk clock.PassiveClock, cacheSize int, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
 	s := &serviceAccountTokens{
-		client: client, audiences: audiences, clock: clk,
-		unknownKid: rate.NewLimiter(rate.Every(minKeyRefresh), 1),
+		client: client, audiences: audiences, clock: clk, bound: bound,
+		unknownKid: newFairReviews(keyRefreshesPerSecond, 1, float64(rate.Every(minKeyRefresh)), 1, keyRefreshRequesters),
 	}
 	if cacheSize > 0 && cacheTTL > 0 {
 		s.verified = utilcache.NewLRUExpireCacheWithClock(cacheSize, clk)
@@ -180,11 +214,13 @@ func (s *serviceAccountTokens) refresh(ctx context.Context) error {
 // (k8s.io/kubernetes/pkg/serviceaccount/claims.go).
 type privateClaims struct {
 	Kubernetes struct {
-		Namespace      string    `json:"namespace"`
-		ServiceAccount claimRef  `json:"serviceaccount"`
-		Pod            *claimRef `json:"pod,omitempty"`
-		Secret         *claimRef `json:"secret,omitempty"`
-		Node           *claimRef `json:"node,omitempty"`
+		Namespace                      string    `json:"namespace"`
+		ServiceAccount                 claimRef  `json:"serviceaccount"`
+		Pod                            *claimRef `json:"pod,omitempty"`
+		Secret                         *claimRef `json:"secret,omitempty"`
+		Node                           *claimRef `json:"node,omitempty"`
+		ValidatingWebhookConfiguration *claimRef `json:"validatingwebhookconfiguration,omitempty"`
+		MutatingWebhookConfiguration   *claimRef `json:"mutatingwebhookconfiguration,omitempty"`
 	} `json:"kubernetes.io"`
 }
 
@@ -201,8 +237,11 @@ func (s *serviceAccountTokens) verify(ctx context.Context, token string, now tim
 		return nil, notLocal
 	}
 	if s.verified == nil {
-		u, verdict, _ := s.verifyToken(ctx, token, now)
-		return u, verdict
+		u, verdict, e := s.verifyToken(ctx, token, now)
+		if verdict != validServiceAccount {
+			return u, verdict
+		}
+		return u, s.stillBound(ctx, e.refs, now)
 	}
 	h := sha256.New()
 	h.Write(s.cacheSalt[:])
@@ -212,29 +251,60 @@ func (s *serviceAccountTokens) verify(ctx context.Context, token string, now tim
 	if v, ok := s.verified.Get(key); ok {
 		e := v.(verifiedToken)
 		if e.generation == s.generation.Load() && !now.Before(e.validFrom) && (e.validTill.IsZero() || !now.After(e.validTill)) {
-			return e.user, validServiceAccount
+			return e.user, s.stillBound(ctx, e.refs, now)
 		}
 	}
 	u, verdict, e := s.verifyToken(ctx, token, now)
-	if verdict == validServiceAccount {
-		ttl := s.verifiedTTL
-		if !e.validTill.IsZero() {
-			ttl = min(ttl, e.validTill.Sub(now)+time.Second)
-		}
-		s.verified.Add(key, e, ttl)
+	if verdict != validServiceAccount {
+		return u, verdict
 	}
-	return u, verdict
+	ttl := s.verifiedTTL
+	if !e.validTill.IsZero() {
+		ttl = min(ttl, e.validTill.Sub(now)+time.Second)
+	}
+	s.verified.Add(key, e, ttl)
+	return u, s.stillBound(ctx, e.refs, now)
+}
+
+// stillBound checks, with s.bound, that the objects refs names still
+// exist at now: validServiceAccount when they do, revoked when one does
+// not, notLocal when the proxy cannot tell (a TokenReview decides).
+func (s *serviceAccountTokens) stillBound(ctx context.Context, refs boundRefs, now time.Time) serviceAccountVerdict {
+	if s.bound == nil {
+		return validServiceAccount
+	}
+	checks := [...]struct {
+		resource, namespace string
+		ref                 *claimRef
+	}{
+		{"serviceaccounts", refs.namespace, &refs.serviceAccount},
+		{"pods", refs.namespace, refs.pod},
+		{"nodes", "", refs.node},
+	}
+	for _, c := range checks {
+		if c.ref == nil {
+			continue
+		}
+		ok, err := s.bound.holds(ctx, objectRef{resource: c.resource, namespace: c.namespace, name: c.ref.Name}, c.ref.UID, now)
+		switch {
+		case err != nil:
+			return notLocal
+		case !ok:
+			return revoked
+		}
+	}
+	return validServiceAccount
 }
 
 // verifyToken is verify without the cache; for a valid token it also
 // returns what the cache remembers of it.
 func (s *serviceAccountTokens) verifyToken(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, verifiedToken) {
 	generation := s.generation.Load()
-	u, verdict, public := s.verifyClaims(ctx, token, now)
+	u, verdict, public, refs := s.verifyClaims(ctx, token, now)
 	if verdict != validServiceAccount {
 		return u, verdict, verifiedToken{}
 	}
-	e := verifiedToken{user: u, generation: generation}
+	e := verifiedToken{user: u, generation: generation, refs: refs}
 	if public.NotBefore != nil {
 		e.validFrom = public.NotBefore.Time()
 	}
@@ -249,29 +319,29 @@ func (s *serviceAccountTokens) verifyToken(ctx context.Context, token string, no
 
 // verifyClaims checks token's signature and claims; for a valid token it
 // also returns its registered claims.
-func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, *jwt.Claims) {
+func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, *jwt.Claims, boundRefs) {
 	tok, err := jwt.ParseSigned(token)
 	if err != nil || len(tok.Headers) != 1 {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
 	var unverified jwt.Claims
 	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
 	s.mu.RLock()
 	issuer := s.issuer
 	s.mu.RUnlock()
 	if issuer == "" || unverified.Issuer != issuer {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
 	kid := tok.Headers[0].KeyID
 	keys := s.keysFor(kid)
-	if len(keys) == 0 && s.unknownKid.AllowN(now, 1) {
+	if len(keys) == 0 && s.plausible(&unverified, tok, issuer, now) && s.unknownKid.allow(reviewRequesterFrom(ctx), laneNew, now) {
 		_ = s.refresh(ctx)
 		keys = s.keysFor(kid)
 	}
 	if len(keys) == 0 {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
 	var public jwt.Claims
 	var private privateClaims
@@ -283,38 +353,70 @@ func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, n
 		}
 	}
 	if !verified {
-		return nil, forged, nil
+		return nil, forged, nil, boundRefs{}
 	}
 	if public.ValidateWithLeeway(jwt.Expected{Issuer: issuer, Time: now}, 0) != nil {
-		return nil, notLocal, nil // let the API server's own leeway and errors decide
+		return nil, notLocal, nil, boundRefs{} // let the API server's own leeway and errors decide
 	}
 	auds := s.audiences
 	if len(auds) == 0 {
 		auds = []string{issuer}
 	}
 	if !slices.ContainsFunc(auds, public.Audience.Contains) {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
 	k := private.Kubernetes
 	if k.Namespace == "" || k.ServiceAccount.Name == "" || k.ServiceAccount.UID == "" {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
 	if public.Subject != serviceaccount.MakeUsername(k.Namespace, k.ServiceAccount.Name) {
-		return nil, notLocal, nil
+		return nil, notLocal, nil, boundRefs{}
 	}
+	if k.Secret != nil || k.ValidatingWebhookConfiguration != nil || k.MutatingWebhookConfiguration != nil {
+		return nil, notLocal, nil, boundRefs{} // see serviceAccountTokens
+	}
+	refs := boundRefs{namespace: k.Namespace, serviceAccount: k.ServiceAccount, pod: k.Pod}
 	info := serviceaccount.ServiceAccountInfo{Namespace: k.Namespace, Name: k.ServiceAccount.Name, UID: k.ServiceAccount.UID}
 	if k.Pod != nil {
 		info.PodName, info.PodUID = k.Pod.Name, k.Pod.UID
 	}
 	if k.Node != nil {
 		info.NodeName, info.NodeUID = k.Node.Name, k.Node.UID
+		if k.Pod == nil {
+			refs.node = k.Node
+		}
 	}
 	if public.ID != "" {
 		info.CredentialID = tokenjwt.CredentialIDForJTI(public.ID)
 	}
 	u := info.UserInfo()
 	d := &user.DefaultInfo{Name: u.GetName(), UID: u.GetUID(), Groups: append(slices.Clone(u.GetGroups()), user.AllAuthenticated), Extra: u.GetExtra()}
-	return d, validServiceAccount, &public
+	return d, validServiceAccount, &public, refs
+}
+
+// plausible reports whether a token whose key is unknown passes every
+// check that needs no key — issuer, expiry and not-before, audience, and a
+// subject that is the service account its private claims name — so that
+// only such tokens may cause a key fetch: a made-up key id on a token the
+// proxy would not accept anyway fetches nothing.
+func (s *serviceAccountTokens) plausible(public *jwt.Claims, tok *jwt.JSONWebToken, issuer string, now time.Time) bool {
+	if public.ValidateWithLeeway(jwt.Expected{Issuer: issuer, Time: now}, 0) != nil {
+		return false
+	}
+	auds := s.audiences
+	if len(auds) == 0 {
+		auds = []string{issuer}
+	}
+	if !slices.ContainsFunc(auds, public.Audience.Contains) {
+		return false
+	}
+	var private privateClaims
+	if tok.UnsafeClaimsWithoutVerification(&private) != nil {
+		return false
+	}
+	k := private.Kubernetes
+	return k.Namespace != "" && k.ServiceAccount.Name != "" && k.ServiceAccount.UID != "" &&
+		public.Subject == serviceaccount.MakeUsername(k.Namespace, k.ServiceAccount.Name)
 }
 
 func (s *serviceAccountTokens) keysFor(kid string) []jose.JSONWebKey {

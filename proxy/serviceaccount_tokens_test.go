@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -91,7 +92,7 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, 10*time.Second)
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, 10*time.Second, nil)
 	ctx := context.Background()
 	if err := sa.refresh(ctx); err != nil {
 		t.Fatal(err)
@@ -150,35 +151,77 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 			t.Fatalf("%d key fetches, want 2", n)
 		}
 	})
+
+	t.Run("random key ids from one network do not delay a rotation seen from another", func(t *testing.T) {
+		clk.Step(time.Minute)
+		flooded := withReviewRequester(ctx, "10.0.0.0/24")
+		before := issuer.fetches.Load()
+		for i := range 20 {
+			if _, v := sa.verify(flooded, saToken(t, other, fmt.Sprint("random-", i), testIssuer, testIssuer, exp), clk.Now()); v != notLocal {
+				t.Fatalf("verdict %v for a random key id, want notLocal", v)
+			}
+			clk.Step(100 * time.Millisecond)
+		}
+		if n := issuer.fetches.Load() - before; n != 1 {
+			t.Fatalf("%d key fetches for 2s of random key ids from one network, want 1", n)
+		}
+		rotated := newKey(t)
+		issuer.publish("k3", rotated)
+		clk.Step(time.Second)
+		if _, v := sa.verify(withReviewRequester(ctx, "10.0.1.0/24"), saToken(t, rotated, "k3", testIssuer, testIssuer, exp), clk.Now()); v != validServiceAccount {
+			t.Fatalf("verdict %v for the rotated key, from another network, want valid", v)
+		}
+	})
+
+	t.Run("unknown key ids on tokens refused anyway fetch nothing", func(t *testing.T) {
+		clk.Step(time.Minute)
+		before := issuer.fetches.Load()
+		for name, tok := range map[string]string{
+			"expired":          saToken(t, other, "k9", testIssuer, testIssuer, clk.Now().Add(-time.Minute)),
+			"another audience": saToken(t, other, "k9", testIssuer, "vault", exp),
+		} {
+			if _, v := sa.verify(ctx, tok, clk.Now()); v != notLocal {
+				t.Fatalf("%s: verdict %v, want notLocal", name, v)
+			}
+		}
+		if n := issuer.fetches.Load() - before; n != 0 {
+			t.Fatalf("%d key fetches, want none", n)
+		}
+	})
 }
 
 func TestFairReviews(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	f := newFairReviews(10, 10, 1, 5, 100) // shared 10/s burst 10; each 1/s burst 5
-	allowed := func(who string, privileged bool, n int) int {
+	f := newFairReviews(10, 10, 1, 5, 100).withReserve(2, 2) // shared 10/s burst 10; each 1/s burst 5; reserved 2/s burst 2
+	allowed := func(who string, lane reviewLane, n int) int {
 		ok := 0
 		for range n {
-			if f.allow(who, privileged, t0) {
+			if f.allow(who, lane, t0) {
 				ok++
 			}
 		}
 		return ok
 	}
-	if n := allowed("flooder", false, 1000); n != 5 {
+	if n := allowed("flooder", laneNew, 1000); n != 5 {
 		t.Fatalf("a flooder got %d reviews, want its burst 5", n)
 	}
-	if n := allowed("valid", false, 1); n != 1 {
+	if n := allowed("valid", laneNew, 1); n != 1 {
 		t.Fatal("a valid client was starved by the flooder")
 	}
 	// Four more flooders empty the shared bucket (10 in all).
 	for _, who := range []string{"f2", "f3"} {
-		allowed(who, false, 1000)
+		allowed(who, laneNew, 1000)
 	}
-	if n := allowed("late", false, 1); n != 0 {
+	if n := allowed("late", laneNew, 1); n != 0 {
 		t.Fatalf("the shared bucket should be empty, got %d", n)
 	}
-	if n := allowed("agent", true, 3); n != 3 {
-		t.Fatalf("a privileged requester got %d of 3, want 3 (it skips the shared bucket)", n)
+	if n := allowed("agent", laneTrusted, 3); n != 3 {
+		t.Fatalf("a trusted requester got %d of 3, want 3 (it skips the shared bucket)", n)
+	}
+	// A recently valid token of the flooder's own network still gets the
+	// reserved reviews, and only those.
+	if n := allowed("flooder", laneRecent, 5); n != 2 {
+		t.Fatalf("a recent token got %d of 5 reviews, want the reserved burst 2", n)
 	}
 }
 
@@ -197,7 +240,7 @@ func TestServiceAccountTokenVerdictsCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute)
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute, nil)
 	ctx := context.Background()
 	if err := sa.refresh(ctx); err != nil {
 		t.Fatal(err)

@@ -18,48 +18,72 @@ type backoffState struct {
 
 // Where an identity keeps backoff. Each identity tracks up to
 // Options.MaxBackoffKeysPerIdentity watch keys of its own, and the engine
-// up to Options.MaxBackoffKeys in all; a failing key that finds no room
-// shares the identity's overflowKey with every other such key, and a watch
-// whose key is not tracked is governed by overflowKey when the identity
-// has one. So an identity that fails on ever new keys stays throttled as
-// one key, and neither it nor any other identity can take another
-// identity's place: identities have a cap of their own
-// (Options.MaxTrackedKeys). The overflowKey entry is not counted against
-// MaxBackoffKeys: there is at most one per identity.
+// up to Options.MaxBackoffKeys in all. A key that finds no room shares one
+// of the identity's two overflow keys with every other such key:
+//
+//   - overflowKey holds the failures of forwarded watches (learn), and
+//     governs every open of a key that is not tracked. So an identity
+//     whose watches fail upstream on ever new keys stays throttled as one
+//     key, however many keys it makes up;
+//   - staleOverflowKey holds the stale answers given locally (staleHold),
+//     and governs only how long the next such answer is held: a watch
+//     answered locally costs the API server nothing, so ever new
+//     made-up keys answered "too old" cannot back off the identity's
+//     other watches (it is the same identity, but its token may have
+//     leaked to a pod that loops on stale versions while the real
+//     agent's informers must still open theirs).
+//
+// Neither it nor any other identity can take another identity's place:
+// identities have a cap of their own (Options.MaxTrackedKeys). The overflow
+// entries are not counted against MaxBackoffKeys: there are at most two per
+// identity.
 
-// ownKeys is the number of the identity's tracked keys, overflowKey aside.
+// isOverflow reports whether k is one of the overflow keys.
+func isOverflow(k watchKey) bool { return k == overflowKey || k == staleOverflowKey }
+
+// ownKeys is the number of the identity's tracked keys, overflow keys
+// aside.
 func (id *identity) ownKeys() int {
 	n := len(id.backoff)
-	if _, ok := id.backoff[overflowKey]; ok {
-		n--
+	for _, k := range [...]watchKey{overflowKey, staleOverflowKey} {
+		if _, ok := id.backoff[k]; ok {
+			n--
+		}
 	}
 	return n
 }
 
-// lookup returns the key whose state governs k, and that state: k's own
-// when tracked, else the identity's overflowKey's when it has one.
+// lookup returns the key whose state governs an open of k, and that
+// state: k's own when tracked, else the identity's overflowKey's when it
+// has one.
 func (id *identity) lookup(k watchKey) (watchKey, backoffState, bool) {
+	return id.lookupIn(k, overflowKey)
+}
+
+// lookupIn is lookup with overflow as the key that governs untracked
+// keys.
+func (id *identity) lookupIn(k, overflow watchKey) (watchKey, backoffState, bool) {
 	if st, ok := id.backoff[k]; ok {
 		return k, st, true
 	}
-	if st, ok := id.backoff[overflowKey]; ok {
-		return overflowKey, st, true
+	if st, ok := id.backoff[overflow]; ok {
+		return overflow, st, true
 	}
 	return k, backoffState{}, false
 }
 
 // slot returns where to record new state for k, and the state there: k's
 // own entry when tracked or when both caps have room (then the key is
-// counted, and the caller must store it), else overflowKey's. id.sh.mu is
+// counted, and the caller must store it), else overflow's. id.sh.mu is
 // held.
-func (e *Engine) slot(id *identity, k watchKey) (watchKey, backoffState) {
+func (e *Engine) slot(id *identity, k, overflow watchKey) (watchKey, backoffState) {
 	if st, ok := id.backoff[k]; ok {
 		return k, st
 	}
 	if id.ownKeys() < e.opts.MaxBackoffKeysPerIdentity && e.backoffKeys.take() {
 		return k, backoffState{}
 	}
-	return overflowKey, id.backoff[overflowKey]
+	return overflow, id.backoff[overflow]
 }
 
 func (id *identity) put(k watchKey, st backoffState) {
@@ -75,7 +99,7 @@ func (e *Engine) forget(id *identity, k watchKey) {
 		return
 	}
 	delete(id.backoff, k)
-	if k != overflowKey {
+	if !isOverflow(k) {
 		e.backoffKeys.give(1)
 	}
 	if len(id.backoff) == 0 {
@@ -117,7 +141,7 @@ func (e *Engine) learn(id *identity, req *requestKey, now time.Time, lifetime ti
 		return
 	}
 	if failed {
-		k, st := e.slot(id, e.seeds.watchKeyOf(req))
+		k, st := e.slot(id, e.seeds.watchKeyOf(req), overflowKey)
 		id.put(k, e.failure(id, req, st, now, bo))
 	}
 }
@@ -148,18 +172,21 @@ func (e *Engine) failure(id *identity, req *requestKey, st backoffState, now tim
 //     backoff before this failure: Initial, 2·Initial, … (callers cap
 //     each hold).
 //
+// A key the identity cannot track keeps this in staleOverflowKey, which
+// holds stale answers only: see "Where an identity keeps backoff".
+//
 // id.sh.mu is held.
 func (e *Engine) staleHold(id *identity, req *requestKey, now time.Time, bo Backoff) time.Duration {
 	k := e.seeds.watchKeyOf(req)
 	ns := now.UnixNano()
 	var hold time.Duration
-	if _, prev, ok := id.lookup(k); ok {
+	if _, prev, ok := id.lookupIn(k, staleOverflowKey); ok {
 		hold = max(0, time.Duration(prev.until-ns))
 		if prev.staleAt != 0 && ns-prev.staleAt < int64(staleRepeatWindow) {
 			hold = max(hold, StaleRepeatHold)
 		}
 	}
-	k, st := e.slot(id, k)
+	k, st := e.slot(id, k, staleOverflowKey)
 	if bo.Initial > 0 {
 		st = e.failure(id, req, st, now, bo)
 	}

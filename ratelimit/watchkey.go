@@ -27,10 +27,14 @@ func requestKeyOf(r *Request) requestKey {
 // backoff anyway).
 type watchKey struct{ hi, lo uint64 }
 
-// overflowKey is the key under which an identity keeps the backoff of
-// every failing watch key beyond its own cap; watchKeyOf never returns it
-// (lo is odd there).
-var overflowKey = watchKey{}
+// overflowKey and staleOverflowKey are the keys under which an identity
+// keeps the backoff of the watch keys beyond its own cap: the failures of
+// forwarded watches, and the stale answers given locally (see backoff.go).
+// watchKeyOf never returns them (lo is odd there).
+var (
+	overflowKey      = watchKey{}
+	staleOverflowKey = watchKey{lo: 2}
+)
 
 // keySeeds are the engine's secret seeds for watchKeyOf.
 type keySeeds [2]maphash.Seed

@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
+	"k8s.io/client-go/metadata"
+	"k8s.io/utils/clock"
+)
+
+// +kubebuilder:rbac:groups="",resources=serviceaccounts;pods;nodes,verbs=get
+
+// boundObjects tells whether the objects a service-account token names
+// still exist with the UIDs it names, as kube-apiserver's token validator
+// asks its ServiceAccountTokenGetter (k8s.io/kubernetes
+// pkg/serviceaccount/claims.go): the service account, and the pod or node
+// the token is bound to. It reads their metadata only, with a GET through
+// the proxy's own client, and remembers each answer (found for ttl, not
+// found for negativeTTL; errors not at all) in a cache bounded in count,
+// one GET in flight per object. A token whose pod was deleted is thus
+// refused at most ttl after the deletion — as long as a TokenReview
+// answer is trusted. It keeps no object, only a name's UID and deletion
+// time, and needs only get on service accounts, pods and nodes.
+// It is safe for concurrent use.
+type boundObjects struct {
+	client           metadata.Interface
+	cache            *utilcache.LRUExpireCache
+	flights          singleflight.Group
+	ttl, negativeTTL time.Duration
+	timeout          time.Duration
+}
+
+// objectRef names one object a token may be bound to.
+type objectRef struct {
+	resource        string // serviceaccounts, pods, nodes
+	namespace, name string
+}
+
+// objectState is what boundObjects remembers of an object: found, and if
+// so its UID and deletion time (zero: not being deleted).
+type objectState struct {
+	found   bool
+	uid     string
+	deleted time.Time
+}
+
+func newBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, clk clock.PassiveClock) *boundObjects {
+	return &boundObjects{
+		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk),
+		ttl: ttl, negativeTTL: negativeTTL, timeout: timeout,
+	}
+}
+
+// get returns what ref is now, from the cache or one GET.
+func (b *boundObjects) get(ctx context.Context, ref objectRef) (objectState, error) {
+	if v, ok := b.cache.Get(ref); ok {
+		return v.(objectState), nil
+	}
+	key := ref.resource + "/" + ref.namespace + "/" + ref.name
+	ch := b.flights.DoChan(key, func() (any, error) {
+		if v, ok := b.cache.Get(ref); ok {
+			return v, nil
+		}
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+		defer cancel()
+		gvr := schema.GroupVersionResource{Version: "v1", Resource: ref.resource}
+		var m *metav1.PartialObjectMetadata
+		var err error
+		if ref.namespace == "" {
+			m, err = b.client.Resource(gvr).Get(gctx, ref.name, metav1.GetOptions{})
+		} else {
+			m, err = b.client.Resource(gvr).Namespace(ref.namespace).Get(gctx, ref.name, metav1.GetOptions{})
+		}
+		switch {
+		case apierrors.IsNotFound(err):
+			st := objectState{}
+			b.cache.Add(ref, st, b.negativeTTL)
+			return st, nil
+		case err != nil:
+			boundObjectLookupErrors.Inc()
+			return nil, fmt.Errorf("get %s %s/%s: %w", ref.resource, ref.namespace, ref.name, err)
+		}
+		st := objectState{found: true, uid: string(m.UID)}
+		if m.DeletionTimestamp != nil {
+			st.deleted = m.DeletionTimestamp.Time
+		}
+		b.cache.Add(ref, st, b.ttl)
+		return st, nil
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return objectState{}, res.Err
+		}
+		return res.Val.(objectState), nil
+	case <-ctx.Done():
+		return objectState{}, ctx.Err()
+	}
+}
+
+// deletionLeeway is kube-apiserver's: an object deleted less than this
+// long ago (jwt.DefaultLeeway) still vouches for its tokens.
+const deletionLeeway = time.Minute
+
+// holds reports whether the object ref still exists at now with uid, as
+// kube-apiserver decides it: found, the same UID, and not deleted before
+// now less deletionLeeway. An error means the proxy could not tell.
+func (b *boundObjects) holds(ctx context.Context, ref objectRef, uid string, now time.Time) (bool, error) {
+	st, err := b.get(ctx, ref)
+	if err != nil {
+		return false, err
+	}
+	return st.found && st.uid == uid && (st.deleted.IsZero() || !st.deleted.Before(now.Add(-deletionLeeway))), nil
+}
