@@ -119,7 +119,7 @@ func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.
 
 func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptest.Server {
 	t.Helper()
-	target, transport, err := upstreamTransport(upstream)
+	target, transport, err := upstreamTransport(upstream, &connectionCount{})
 	if err != nil {
 		t.Fatal(err)
 	}
