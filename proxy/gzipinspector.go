@@ -39,14 +39,15 @@ const (
 // independent and no inflating state needs to outlive one.
 //
 // It inflates a copy of what passes; the stream itself is never changed or
-// held back. A member that lies within one read is inflated in place
+// held back. Members that lie within one read are inflated in place
 // without a copy. A member cut by the end of a read is kept (compressed,
-// in a pooled buffer) from its start, and inflated again from its start
-// when more of it has come: when the bytes kept end as kube-apiserver's
-// members end (gzipMemberEnd), when they have doubled since the last try
-// (so a member inflates at most about twice over), or when the stream
-// ends. The bytes of a member already shown to the inspector are not
-// shown again. compress/gzip cannot resume once it ran out of input, which
+// in a pooled buffer) from its start, and inflated once it has come whole
+// — its end is recognised by how kube-apiserver's members end
+// (gzipMemberEnd) — so each member is inflated once. Members that end
+// otherwise (another encoder) are inflated as far as they have come, and
+// again from their start when the bytes kept have doubled since the last
+// try (so at most about twice over) or the stream ends. The bytes of a
+// member already shown to the inspector are not shown again. compress/gzip cannot resume once it ran out of input, which
 // is why it inflates again rather than carrying on; in return no inflater
 // is held between reads (they are pooled), and no goroutine runs beside
 // the stream.
@@ -60,7 +61,8 @@ type gzipInspector struct {
 	// continues in the next read; nil when reads end at member ends.
 	pending *[]byte
 	// shown is how many inflated bytes of pending's first member the
-	// inspector has seen already; tried is len(*pending) at the last try.
+	// inspector has seen already, from the first tried bytes of pending
+	// (the last try).
 	shown int
 	tried int
 	// inflated counts the bytes inflated for this stream, including those
@@ -84,8 +86,32 @@ var (
 // (01 00 00 ff ff), then the CRC-32 and the size, 4 bytes each.
 var gzipMemberEnd = []byte{0x01, 0x00, 0x00, 0xff, 0xff}
 
-func endsLikeMember(b []byte) bool {
-	return len(b) >= 13 && bytes.Equal(b[len(b)-13:len(b)-8], gzipMemberEnd)
+// gzipMagic starts every gzip member.
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// lastMemberEnd returns where the last member of b that ends as
+// kube-apiserver's members end (gzipMemberEnd, 8 bytes, then the end of b
+// or the next member's magic) ends, looking only at ends after from; 0 when
+// none. Compressed data may hold the same bytes by chance: the inflater
+// then finds the member incomplete, and nothing is lost but the try.
+func lastMemberEnd(b []byte, from int) int {
+	for hi := len(b); ; {
+		i := bytes.LastIndex(b[:hi], gzipMemberEnd)
+		if i < 0 {
+			return 0
+		}
+		end := i + len(gzipMemberEnd) + 8
+		if end <= from {
+			return 0
+		}
+		switch {
+		case end == len(b),
+			end+1 == len(b) && b[end] == gzipMagic[0],
+			end+1 < len(b) && b[end] == gzipMagic[0] && b[end+1] == gzipMagic[1]:
+			return end
+		}
+		hi = i + len(gzipMemberEnd) - 1 // an earlier one, perhaps overlapping
+	}
 }
 
 // write inspects the next compressed chunk of the stream; p is not
@@ -95,20 +121,28 @@ func (g *gzipInspector) write(p []byte) {
 		return
 	}
 	if g.pending == nil {
-		n, shown, ok := g.inflate(p, 0)
+		limit := lastMemberEnd(p, 0)
+		if limit == 0 {
+			limit = len(p) // not a member end kube-apiserver's way: inflate what there is
+		}
+		n, shown, ok := g.inflate(p[:limit], 0)
 		if !ok || n == len(p) {
 			return
 		}
-		g.keep(p[n:], shown)
+		g.keep(p[n:], shown, limit-n)
 		return
 	}
 	if len(*g.pending)+len(p) > maxPendingGzipBytes {
 		g.stop()
 		return
 	}
+	from := len(*g.pending)
 	*g.pending = append(*g.pending, p...)
-	if b := *g.pending; endsLikeMember(b) || len(b) >= 2*g.tried {
-		g.retry()
+	b := *g.pending
+	if limit := lastMemberEnd(b, from); limit > 0 {
+		g.retry(limit)
+	} else if len(b) >= 2*g.tried {
+		g.retry(len(b))
 	}
 }
 
@@ -116,15 +150,16 @@ func (g *gzipInspector) write(p []byte) {
 // as far as it goes.
 func (g *gzipInspector) finish() {
 	if !g.off && g.pending != nil && len(*g.pending) > g.tried {
-		g.retry()
+		g.retry(len(*g.pending))
 	}
 	g.release()
 }
 
-// retry inflates the kept bytes again from their start.
-func (g *gzipInspector) retry() {
+// retry inflates the kept bytes up to limit again from their start, and
+// keeps the rest.
+func (g *gzipInspector) retry(limit int) {
 	b := *g.pending
-	n, shown, ok := g.inflate(b, g.shown)
+	n, shown, ok := g.inflate(b[:limit], g.shown)
 	if !ok {
 		return
 	}
@@ -137,19 +172,20 @@ func (g *gzipInspector) retry() {
 		m := copy(b, b[n:])
 		*g.pending = b[:m]
 	}
-	g.shown, g.tried = shown, len(*g.pending)
+	g.shown, g.tried = shown, limit-n
 }
 
 // keep starts keeping rest, the start of a member cut by the read, of
-// which shown inflated bytes were inspected.
-func (g *gzipInspector) keep(rest []byte, shown int) {
+// which the first tried bytes were inflated and gave shown inflated bytes
+// to the inspector.
+func (g *gzipInspector) keep(rest []byte, shown, tried int) {
 	if len(rest) > maxPendingGzipBytes {
 		g.stop()
 		return
 	}
 	g.pending = frameBuffers.Get().(*[]byte)
 	*g.pending = append((*g.pending)[:0], rest...)
-	g.shown, g.tried = shown, len(rest)
+	g.shown, g.tried = shown, tried
 }
 
 // inflate inflates the members in b and shows the inspector their bytes,

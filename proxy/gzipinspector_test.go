@@ -19,11 +19,12 @@ import (
 func gzipMembers(t testing.TB, groups ...[][]byte) []byte {
 	t.Helper()
 	var out bytes.Buffer
+	w, err := gzip.NewWriterLevel(&out, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, g := range groups {
-		w, err := gzip.NewWriterLevel(&out, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
+		w.Reset(&out)
 		for _, f := range g {
 			if _, err := w.Write(f); err != nil {
 				t.Fatal(err)
