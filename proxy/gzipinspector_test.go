@@ -241,3 +241,29 @@ func TestGzipWatchStreamLearnsStaleVersions(t *testing.T) {
 		})
 	}
 }
+
+// Streams the proxy cannot frame are not inspected, encoded or not: CBOR
+// (kube-apiserver 1.37 with CBORServingAndStorage), and encodings other
+// than gzip. Their bytes pass untouched and nothing is allocated for them.
+func TestStreamsNotInspected(t *testing.T) {
+	for _, tc := range []struct{ contentType, encoding string }{
+		{"application/cbor", ""},
+		{"application/cbor-seq", ""},
+		{"application/cbor", "gzip"},
+		{jsonWatchType, "br"},
+		{jsonWatchType, "deflate"},
+	} {
+		b := newWatchBody(&watchState{}, io.NopCloser(strings.NewReader("")), tc.contentType, tc.encoding)
+		if b.inspect != nil || b.inflate != nil {
+			t.Errorf("%s encoded %q: inspected", tc.contentType, tc.encoding)
+		}
+	}
+	for _, encoding := range []string{"gzip", "GZIP"} {
+		if b := newWatchBody(&watchState{}, io.NopCloser(strings.NewReader("")), jsonWatchType, encoding); b.inflate == nil {
+			t.Errorf("JSON encoded %q: not inflated", encoding)
+		}
+	}
+	if b := newWatchBody(&watchState{}, io.NopCloser(strings.NewReader("")), jsonWatchType, ""); b.inflate != nil {
+		t.Error("an identity stream has an inflater")
+	}
+}

@@ -3,8 +3,8 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"reflect"
 	"net/url"
+	"reflect"
 	"testing"
 )
 
