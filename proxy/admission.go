@@ -116,17 +116,18 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 //go:noinline
 func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classification, id user.Info, start time.Time) ratelimit.Decision {
 	d := a.engine.Decide(start, &ratelimit.Request{
-		User:              id.GetName(),
-		Groups:            id.GetGroups(),
-		Verb:              c.Verb,
-		Group:             c.APIGroup,
-		Resource:          c.Resource,
-		Namespace:         c.Namespace,
-		LabelSelector:     c.LabelSelector,
-		FieldSelector:     c.FieldSelector,
-		ResourceVersion:   c.ResourceVersion,
-		SendInitialEvents: c.SendInitialEvents,
-		Impersonated:      impersonatedFrom(r.Context()),
+		User:                 id.GetName(),
+		Groups:               id.GetGroups(),
+		Verb:                 c.Verb,
+		Group:                c.APIGroup,
+		Resource:             c.Resource,
+		Namespace:            c.Namespace,
+		LabelSelector:        c.LabelSelector,
+		FieldSelector:        c.FieldSelector,
+		ResourceVersion:      c.ResourceVersion,
+		ResourceVersionMatch: c.ResourceVersionMatch,
+		SendInitialEvents:    c.SendInitialEvents,
+		Impersonated:         impersonatedFrom(r.Context()),
 	})
 	verb := verbLabel(c.Verb)
 	decisionSecondsOf(c.Verb).Observe(a.clock.Since(start).Seconds())

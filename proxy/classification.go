@@ -29,10 +29,40 @@ type classification struct {
 	// From the query.
 	LabelSelector, FieldSelector          string
 	ResourceVersion, ResourceVersionMatch string
-	SendInitialEvents                     bool
+	// SendInitialEvents is the query's sendInitialEvents as kube-apiserver
+	// reads it (sendInitialEventsParam); nil when absent.
+	SendInitialEvents *bool
 	// TimeoutSeconds is the watch timeout the client asked for; 0 when
 	// unset or malformed.
 	TimeoutSeconds int64
+}
+
+// sendInitialEventsParam reads sendInitialEvents as kube-apiserver's
+// query decoding does (runtime.Convert_Slice_string_To_Pointer_bool): nil
+// when absent, false for "0" and "false" in any case, true for anything
+// else, "" included.
+func sendInitialEventsParam(q url.Values) *bool {
+	vals := q["sendInitialEvents"]
+	if len(vals) == 0 {
+		return nil
+	}
+	if vals[0] == "0" || strings.EqualFold(vals[0], "false") {
+		return &falseValue
+	}
+	return &trueValue
+}
+
+// trueValue and falseValue are what a *bool of a classification points
+// to; never written.
+var trueValue, falseValue = true, false
+
+// fromVersion reports whether c is a watch that kube-apiserver answers
+// 410 Expired when its resourceVersion is too old, whatever its
+// configuration (see ratelimit.Request): an explicit version without
+// sendInitialEvents and resourceVersionMatch.
+func (c *classification) fromVersion() bool {
+	return c.Verb == ratelimit.VerbWatch && c.SendInitialEvents == nil && c.ResourceVersionMatch == "" &&
+		c.ResourceVersion != "" && c.ResourceVersion != "0"
 }
 
 // newRequestInfoFactory knows kube-apiserver's URL layout: /api for the
@@ -65,7 +95,7 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogge
 		ResourceVersion:      q.Get("resourceVersion"),
 		ResourceVersionMatch: q.Get("resourceVersionMatch"),
 	}
-	c.SendInitialEvents, _ = strconv.ParseBool(q.Get("sendInitialEvents"))
+	c.SendInitialEvents = sendInitialEventsParam(q)
 	if t, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && t > 0 {
 		c.TimeoutSeconds = t
 	}

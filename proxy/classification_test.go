@@ -19,7 +19,7 @@ func TestClassify(t *testing.T) {
 		verb                        ratelimit.Verb
 		group, resource, namespace  string
 		labels, fields, rv, rvMatch string
-		sendInitialEvents           bool
+		sendInitialEvents           *bool
 		timeoutSeconds              int64
 	}
 	for name, tc := range map[string]struct {
@@ -32,7 +32,7 @@ func TestClassify(t *testing.T) {
 		},
 		"a grouped watch across namespaces": {
 			url:  "/apis/apps/v1/deployments?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
-			want: want{verb: ratelimit.VerbWatch, group: "apps", resource: "deployments", rvMatch: "NotOlderThan", sendInitialEvents: true},
+			want: want{verb: ratelimit.VerbWatch, group: "apps", resource: "deployments", rvMatch: "NotOlderThan", sendInitialEvents: &trueValue},
 		},
 		"a legacy /watch/ path": {
 			url:  "/api/v1/watch/namespaces/ns/configmaps?resourceVersion=7",
@@ -49,6 +49,14 @@ func TestClassify(t *testing.T) {
 		"a get is not budgeted":               {url: "/api/v1/namespaces/ns/pods/p", want: want{resource: "pods", namespace: "ns"}},
 		"a subresource is not budgeted":       {url: "/api/v1/namespaces/ns/pods/p/log?follow=true", want: want{resource: "pods", namespace: "ns"}},
 		"a non-resource path is not budgeted": {url: "/version", want: want{}},
+		"sendInitialEvents=false": {
+			url:  "/api/v1/pods?watch=true&sendInitialEvents=FALSE&resourceVersionMatch=NotOlderThan",
+			want: want{verb: ratelimit.VerbWatch, resource: "pods", rvMatch: "NotOlderThan", sendInitialEvents: &falseValue},
+		},
+		"sendInitialEvents is true for anything but 0 and false, as the API server reads it": {
+			url:  "/api/v1/pods?watch=true&sendInitialEvents=&resourceVersionMatch=NotOlderThan",
+			want: want{verb: ratelimit.VerbWatch, resource: "pods", rvMatch: "NotOlderThan", sendInitialEvents: &trueValue},
+		},
 		"a malformed timeout is ignored": {
 			url:  "/api/v1/pods?watch=true&timeoutSeconds=soon",
 			want: want{verb: ratelimit.VerbWatch, resource: "pods"},

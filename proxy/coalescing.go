@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/watchgate/watchgate/ratelimit"
 )
 
 // Bounds of coalescer; see there.
@@ -60,10 +58,14 @@ type versionKey struct {
 }
 
 // coalescingKey returns the key of a watch from an explicit
-// resourceVersion, or false for versions that are never too old ("" and
-// "0") or that the proxy cannot parse (those are not coalesced).
+// resourceVersion that the API server answers 410 when it is too old
+// (classification.fromVersion), or false for the others: versions that
+// are never too old ("" and "0"), versions the proxy cannot parse,
+// watch-lists and other watches with sendInitialEvents or
+// resourceVersionMatch, which are never answered locally and so are not
+// coalesced.
 func coalescingKey(c *classification) (versionKey, bool) {
-	if c.Verb != ratelimit.VerbWatch || c.ResourceVersion == "" || c.ResourceVersion == "0" {
+	if !c.fromVersion() {
 		return versionKey{}, false
 	}
 	v, err := strconv.ParseUint(c.ResourceVersion, 10, 64)

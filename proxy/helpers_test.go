@@ -126,7 +126,7 @@ func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptes
 // whose engine, maxDelay and guard the caller sets; the rest is filled in.
 func newTestAdmission(t testing.TB, adm *admission, upstream *rest.Config) *httptest.Server {
 	t.Helper()
-	target, transport, err := upstreamTransport(upstream)
+	target, transport, err := upstreamTransport(upstream, &connectionCount{})
 	if err != nil {
 		t.Fatal(err)
 	}

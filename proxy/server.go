@@ -51,6 +51,8 @@ type Server struct {
 	// saTokens verifies service-account tokens locally; nil when off.
 	saTokens *serviceAccountTokens
 	keyLogs  *sampledLogger
+	// upstreamConns counts the forwarder's connections to the API server.
+	upstreamConns *connectionCount
 }
 
 var (
@@ -85,7 +87,8 @@ func NewServer(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy probe client: %w", err)
 	}
-	target, transport, err := upstreamTransport(o.Upstream)
+	conns := &connectionCount{}
+	target, transport, err := upstreamTransport(o.Upstream, conns)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +134,7 @@ func NewServer(opts Options) (*Server, error) {
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
-		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs,
+		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,
 	}, nil
 }
 
@@ -157,6 +160,11 @@ func (s *Server) Addr() net.Addr {
 	}
 	return nil
 }
+
+// UpstreamConnections is the number of TCP connections the proxy's
+// forwarder holds open to the API server (the proxy's own clients, for
+// reviews and probes, not counted).
+func (s *Server) UpstreamConnections() int { return int(s.upstreamConns.open.Load()) }
 
 // GeneratedCertificate returns the PEM of the generated serving certificate
 // and its CA when no certificate files were given, else nil.

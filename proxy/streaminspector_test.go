@@ -84,7 +84,7 @@ func (s *recordingSink) sawError(obj k8sruntime.Object) {
 // inspect feeds data to a new inspector in chunks of the given sizes
 // (cycled) and returns what it reported.
 func inspect(t testing.TB, contentType string, data []byte, chunks []int) (*recordingSink, *streamInspector) {
-	f, s, ok := streamFramingFor(contentType, "")
+	f, s, _, ok := streamFramingFor(contentType, "")
 	if !ok {
 		t.Fatalf("no framing for %s", contentType)
 	}
@@ -323,7 +323,7 @@ func TestProtobufEventTypeIsReadWithoutDecoding(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			want, _ := referenceErrors(t, protobufWatchType, tc.frame)
-			_, s, _ := streamFramingFor(protobufWatchType, "")
+			_, s, _, _ := streamFramingFor(protobufWatchType, "")
 			counting := &countingSerializer{Serializer: s}
 			sink := &recordingSink{}
 			in := newStreamInspector(lengthPrefixedFraming, counting, sink)

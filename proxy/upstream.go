@@ -1,19 +1,42 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http/httpguts"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Flow control of the upstream HTTP/2 connections. The proxy reads a
+// watch's stream only as fast as its client takes it, so a slow client's
+// unread events wait in the transport's buffer for that stream, up to the
+// stream's window, and hold as much of the connection's window. A
+// connection whose window is taken by its slow streams stalls all its
+// streams, the fast clients' too. With a 1 MiB window per stream and the
+// largest window per connection HTTP/2 allows (2 GiB - 1; Go's transport
+// announces it above the initial 64 KiB, hence the difference), that cannot
+// happen below 2,047 streams per connection (kube-apiserver allows 100 by
+// default, --http2-max-streams-per-connection; aggregated API servers
+// 1,000), and a slow client costs the proxy at most 1 MiB of buffer per
+// watch (Go's defaults: 4 MiB per stream, 1 GiB per connection, which 256
+// slow watches on one connection exhaust).
+const (
+	upstreamStreamWindowBytes     = 1 << 20
+	upstreamConnectionWindowBytes = math.MaxInt32 - 65535
 )
 
 // upstreamTransport returns the API server's URL and a transport that
@@ -21,7 +44,14 @@ import (
 // token, no client certificate, no exec plugin, no impersonation. Upgrade
 // requests (exec, attach, port-forward over SPDY or WebSocket) go over
 // HTTP/1.1, everything else over HTTP/2 when the API server offers it.
-func upstreamTransport(cfg *rest.Config) (*url.URL, http.RoundTripper, error) {
+//
+// Watches from every caller share the HTTP/2 connections. When all of a
+// connection's streams are taken (the API server's
+// --http2-max-streams-per-connection), the next request opens another
+// connection rather than wait for a stream to end (a watch may not end for
+// an hour): StrictMaxConcurrentRequests is false. conns counts the
+// connections open.
+func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http.RoundTripper, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("upstream URL: %w", err)
@@ -42,7 +72,7 @@ func upstreamTransport(cfg *rest.Config) (*url.URL, http.RoundTripper, error) {
 	}
 	h2 := &http.Transport{
 		Proxy:                 proxyFunc,
-		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           conns.dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
 		TLSClientConfig:       tlsConfig,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ResponseHeaderTimeout: 0, // watches and long lists answer when they answer
@@ -52,6 +82,11 @@ func upstreamTransport(cfg *rest.Config) (*url.URL, http.RoundTripper, error) {
 		ForceAttemptHTTP2:     true,
 		// Pass Accept-Encoding and compressed bodies through untouched.
 		DisableCompression: true,
+		HTTP2: &http.HTTP2Config{
+			StrictMaxConcurrentRequests:   false,
+			MaxReceiveBufferPerStream:     upstreamStreamWindowBytes,
+			MaxReceiveBufferPerConnection: upstreamConnectionWindowBytes,
+		},
 	}
 	h1 := h2.Clone()
 	h1.ForceAttemptHTTP2 = false
@@ -62,6 +97,48 @@ func upstreamTransport(cfg *rest.Config) (*url.URL, http.RoundTripper, error) {
 	}
 	return target, upgradeAwareTransport{normal: h2, upgrade: h1}, nil
 }
+
+// connectionCount counts the proxy's open TCP connections to the API
+// server (HTTP/2 connections carrying many requests each, and one per
+// upgraded or HTTP/1.1 request), in the gauge upstreamConnections too.
+type connectionCount struct{ open atomic.Int64 }
+
+// dialer wraps d's DialContext so that the connections it makes are
+// counted until they close.
+func (c *connectionCount) dialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c.open.Add(1)
+		upstreamConnections.Inc()
+		return &countedConn{Conn: conn, count: c}, nil
+	}
+}
+
+// countedConn leaves the count on its first Close.
+type countedConn struct {
+	net.Conn
+	count  *connectionCount
+	closed atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.count.open.Add(-1)
+		upstreamConnections.Dec()
+	}
+	return c.Conn.Close()
+}
+
+var upstreamConnections = prometheus.NewGauge(prometheus.GaugeOpts{
+	Name: "watchgate_proxy_upstream_connections",
+	Help: "TCP connections open from this replica to the API server (HTTP/2 carries up to the API server's " +
+		"--http2-max-streams-per-connection watches on each).",
+})
+
+func init() { metrics.Registry.MustRegister(upstreamConnections) }
 
 // upgradeAwareTransport sends upgrade requests over HTTP/1.1, the only
 // protocol where Upgrade exists.

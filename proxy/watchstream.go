@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,58 +201,75 @@ func (ws *watchState) sawError(obj runtime.Object) {
 }
 
 // streamFramingFor returns how a watch stream of the given Content-Type
-// is framed and the serializer that decodes one event, or false for
-// anything but identity-encoded JSON and protobuf (the stream then passes
-// unread).
-func streamFramingFor(contentType, contentEncoding string) (framing, runtime.Serializer, bool) {
-	if contentEncoding != "" && contentEncoding != "identity" {
-		return 0, nil, false
+// is framed, the serializer that decodes one event and whether the stream
+// is gzip-encoded, or false for anything but JSON and protobuf, identity
+// or gzip-encoded (the stream then passes unread).
+func streamFramingFor(contentType, contentEncoding string) (f framing, s runtime.Serializer, gzipped, ok bool) {
+	switch {
+	case contentEncoding == "" || strings.EqualFold(contentEncoding, "identity"):
+	case strings.EqualFold(contentEncoding, "gzip"):
+		gzipped = true
+	default:
+		return 0, nil, false, false
 	}
 	mediaType, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
-		return 0, nil, false
+		return 0, nil, false, false
 	}
-	var f framing
 	switch mediaType {
 	case runtime.ContentTypeJSON:
 		f = jsonFraming
 	case runtime.ContentTypeProtobuf:
 		f = lengthPrefixedFraming
 	default:
-		return 0, nil, false
+		return 0, nil, false, false
 	}
-	info, ok := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), mediaType)
-	if !ok || info.StreamSerializer == nil {
-		return 0, nil, false
+	info, found := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), mediaType)
+	if !found || info.StreamSerializer == nil {
+		return 0, nil, false, false
 	}
-	return f, info.StreamSerializer.Serializer, true
+	return f, info.StreamSerializer.Serializer, gzipped, true
 }
 
 // watchBody wraps the API server's watch response body. The bytes pass to
 // the client unchanged, chunk by chunk, as the reverse proxy reads them;
-// each chunk is also shown to a streamInspector, in the same goroutine,
-// before Read returns. Nothing is held back and nothing runs beside the
-// stream: no goroutine, no pipe, no buffer while the watch is idle.
+// each chunk is also shown to a streamInspector (through a gzipInspector
+// that inflates a copy when the stream is gzip-encoded), in the same
+// goroutine, before Read returns. Nothing is held back and nothing runs
+// beside the stream: no goroutine, no pipe, no buffer while the watch is
+// idle.
 type watchBody struct {
 	upstream io.ReadCloser
 	ws       *watchState
 	inspect  *streamInspector // nil when the stream is not inspected
+	inflate  *gzipInspector   // nil unless the stream is gzip-encoded
 	readErr  error            // first read error other than io.EOF
 	closing  sync.Once
 }
 
 func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEncoding string) *watchBody {
 	b := &watchBody{ws: ws, upstream: upstream}
-	if f, s, ok := streamFramingFor(contentType, contentEncoding); ok {
+	if f, s, gzipped, ok := streamFramingFor(contentType, contentEncoding); ok {
 		b.inspect = newStreamInspector(f, s, ws)
+		if gzipped {
+			b.inflate = newGzipInspector(b.inspect)
+		}
 	}
 	return b
 }
 
 func (b *watchBody) Read(p []byte) (int, error) {
 	n, err := b.upstream.Read(p)
-	if n > 0 && b.inspect != nil {
-		b.inspect.write(p[:n])
+	if n > 0 {
+		switch {
+		case b.inflate != nil:
+			b.inflate.write(p[:n])
+		case b.inspect != nil:
+			b.inspect.write(p[:n])
+		}
+	}
+	if err != nil && b.inflate != nil {
+		b.inflate.finish()
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		if b.ws.stopped.Load() {
@@ -268,6 +286,9 @@ func (b *watchBody) Close() error {
 	var err error
 	b.closing.Do(func() {
 		err = b.upstream.Close()
+		if b.inflate != nil {
+			b.inflate.release()
+		}
 		if b.inspect != nil {
 			b.inspect.release()
 		}

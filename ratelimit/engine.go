@@ -273,7 +273,7 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 		sh.exempt.Add(1)
 		return Decision{Allowed: true, Budget: cfg.Name, Enforcement: cfg.Enforcement}
 	}
-	stale := r.Verb == VerbWatch && cfg.StaleVersions.Action == StaleReject &&
+	stale := r.Verb == VerbWatch && cfg.StaleVersions.Action == StaleReject && r.fromVersion() &&
 		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, &cfg.StaleVersions)
 
 	user := e.userKey(r.User)

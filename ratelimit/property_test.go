@@ -86,7 +86,9 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 				Namespace:       namespaces[b%len(namespaces)],
 				ResourceVersion: versions[(b>>1)%len(versions)],
 			}
-			r.SendInitialEvents = b&8 != 0
+			if b&8 != 0 {
+				r.SendInitialEvents, r.ResourceVersionMatch = ptrTo(true), "NotOlderThan"
+			}
 			d := e.Decide(now, r)
 			budget := propertyBudget
 			if r.User == "dreamer" {
@@ -104,7 +106,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if d.Reason == ReasonBackingOff && d.RetryAfter > budget.Backoff.Max {
 				t.Fatalf("backing off %s, more than max %s", d.RetryAfter, budget.Backoff.Max)
 			}
-			if isStale := staleIn(stale, r.ResourceVersion, now, budget.StaleVersions); isStale != (d.Reason == ReasonStaleResourceVersion) {
+			if isStale := r.fromVersion() && staleIn(stale, r.ResourceVersion, now, budget.StaleVersions); isStale != (d.Reason == ReasonStaleResourceVersion) {
 				t.Fatalf("at %s rv %q, reports %v, %s: reason %q", now.Sub(t0), r.ResourceVersion, stale, budget.StaleVersions.Match, d.Reason)
 			}
 			if d.Reason == ReasonStaleResourceVersion && (d.DryRun && d.RetryAfter != 0 || d.RetryAfter > max(budget.Backoff.Max, StaleRepeatHold)) {

@@ -31,16 +31,42 @@ type Request struct {
 	Group, Resource, Namespace   string
 	LabelSelector, FieldSelector string
 	ResourceVersion              string
-	SendInitialEvents            bool
+	// ResourceVersionMatch and SendInitialEvents are the watch's query
+	// parameters as kube-apiserver reads them (metav1.ListOptions):
+	// SendInitialEvents is nil when absent. They say whether the watch
+	// asks for the current state first (initialState) and whether the API
+	// server answers a too old version with 410 Expired (fromVersion).
+	ResourceVersionMatch string
+	SendInitialEvents    *bool
 	// Impersonated is true when User and Groups are an identity the caller
 	// impersonates (and may), false when they are the caller's own.
 	Impersonated bool
 }
 
 // initialState reports whether the watch asks the server for the current
-// state first, which costs the server a LIST.
+// state first, which costs the server a LIST: sendInitialEvents=true, or
+// no sendInitialEvents and a version "" or "0". A watch with
+// sendInitialEvents=false starts from its version, or from now, without
+// the state.
 func (r *Request) initialState() bool {
-	return r.ResourceVersion == "" || r.ResourceVersion == "0" || r.SendInitialEvents
+	if r.SendInitialEvents != nil {
+		return *r.SendInitialEvents
+	}
+	return r.ResourceVersion == "" || r.ResourceVersion == "0"
+}
+
+// fromVersion reports whether the watch is one kube-apiserver answers 410
+// Expired, in the stream, when its version is too old, whatever the API
+// server's configuration: a watch without sendInitialEvents and
+// resourceVersionMatch. Only such a watch is answered locally from the
+// stale memory. The API server serves a watch-list (sendInitialEvents=true,
+// resourceVersionMatch=NotOlderThan) from its watch cache whatever the
+// version, and from etcd it answers 410; sendInitialEvents=false with
+// NotOlderThan is answered 410 where the WatchList feature is on and 422
+// where it is off; every other combination gets 422. Those go to the API
+// server.
+func (r *Request) fromVersion() bool {
+	return r.SendInitialEvents == nil && r.ResourceVersionMatch == ""
 }
 
 // Reason says why a request was, or in DryRun would have been, rejected.

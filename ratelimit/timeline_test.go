@@ -45,7 +45,24 @@ func watchAt(ns, rv string) *Request { r := watchIn(ns); r.ResourceVersion = rv;
 
 func watchSelecting(sel string) *Request { r := watch(); r.LabelSelector = sel; return r }
 
-func watchInitialEvents() *Request { r := watch(); r.SendInitialEvents = true; return r }
+func watchInitialEvents() *Request {
+	r := watch()
+	r.SendInitialEvents, r.ResourceVersionMatch = ptrTo(true), "NotOlderThan"
+	return r
+}
+
+// watchWith is a watch from rv with the given resourceVersionMatch and
+// sendInitialEvents ("" for absent).
+func watchWith(rv, match, sendInitialEvents string) *Request {
+	r := watchFrom(rv)
+	r.ResourceVersionMatch = match
+	if sendInitialEvents != "" {
+		r.SendInitialEvents = ptrTo(sendInitialEvents == "true")
+	}
+	return r
+}
+
+func ptrTo[T any](v T) *T { return &v }
 
 func list() *Request {
 	return &Request{User: "alice", Verb: VerbList, Resource: "pods", Namespace: "default"}
@@ -121,6 +138,8 @@ func TestTimelines(t *testing.T) {
 				ok(0, watch()),                                // a resourceVersion costs 1
 				no(0, watch(), ReasonRateLimited, s),
 				ok(3*s, watchInitialEvents()),
+				no(3*s, watchWith("42", "NotOlderThan", "true"), ReasonRateLimited, 3*s), // from a version, but with the state
+				ok(4*s, watchWith("", "NotOlderThan", "false")),                          // from now, without the state: 1
 			},
 		},
 		"caps concurrent watches and frees the slot when one ends": {
@@ -246,6 +265,22 @@ func TestTimelines(t *testing.T) {
 				// The relist's fresh watch on the looping key waits out
 				// the backoff like any watch that keeps dying.
 				no(100*ms, watchFrom("8"), ReasonBackingOff, 2*s), // second failure, no jitter here
+			},
+		},
+		"only a watch the API server answers 410 for a too old version is answered locally": {
+			budgets: []Budget{{Name: "stale-only", StaleVersions: StaleVersions{Memory: 5 * time.Minute}}},
+			steps: []step{
+				staleSeen(0, "7"),
+				no(0, watchFrom("7"), ReasonStaleResourceVersion, 0),
+				// A watch-list: the watch cache serves the current state
+				// whatever the version.
+				ok(0, watchWith("7", "NotOlderThan", "true")),
+				// 410 with the WatchList feature, 422 without it.
+				ok(0, watchWith("7", "NotOlderThan", "false")),
+				// Refused 422 by the API server's validation.
+				ok(0, watchWith("7", "Exact", "")),
+				ok(0, watchWith("7", "NotOlderThan", "")),
+				ok(0, watchWith("7", "", "true")),
 			},
 		},
 		"with backoff disabled a client looping on a stale version is answered about once a second": {
