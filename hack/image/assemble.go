@@ -9,12 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
@@ -113,16 +111,6 @@ func writeLayout(dir string, idx v1.ImageIndex, r release) error {
 	return err
 }
 
-// writeTarball writes img as a `docker save` tarball tagged with r's
-// reference: what `docker load` and `crane push` read.
-func writeTarball(path string, img v1.Image, r release) error {
-	tag, err := name.NewTag(r.ref(), name.StrictValidation)
-	if err != nil {
-		return err
-	}
-	return tarball.WriteToFile(path, tag, img)
-}
-
 // writeSBOM writes the SPDX document of the image of platform p, whose
 // binary is at binary.
 func writeSBOM(path string, img v1.Image, binary string, p v1.Platform, r release) error {
@@ -162,7 +150,7 @@ func assemble(out string, base []entry, binaries []string, platforms []v1.Platfo
 			return nil, fmt.Errorf("%s: %w", platformString(p), err)
 		}
 		imgs = append(imgs, img)
-		if err := writeTarball(filepath.Join(out, outputName(p)+".tar"), img, r); err != nil {
+		if err := writeArchive(filepath.Join(out, outputName(p)+".tar"), img, r); err != nil {
 			return nil, fmt.Errorf("%s tarball: %w", platformString(p), err)
 		}
 		if err := writeSBOM(filepath.Join(out, outputName(p)+".spdx.json"), img, binaries[i], p, r); err != nil {

@@ -283,8 +283,9 @@ func TestSameSourcesSameDigest(t *testing.T) {
 }
 
 // TestTarballIsWhatDockerLoadAndCranePushRead reads each tarball as crane
-// push does (go-containerregistry's tarball package) and checks the
-// manifest.json `docker load` reads.
+// push does (go-containerregistry's tarball package, manifest.json, which
+// `docker load` reads too): the layout's config and layers, tagged. And as
+// an OCI layout (index.json): the layout's very manifest.
 func TestTarballIsWhatDockerLoadAndCranePushRead(t *testing.T) {
 	out := built(t)
 	_, imgs := platformsOf(t, out)
@@ -298,30 +299,59 @@ func TestTarballIsWhatDockerLoadAndCranePushRead(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		got, err := img.Digest()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := imgs[platform].Digest()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != want {
-			t.Errorf("%s holds %s, the layout's %s image is %s", path, got, platform, want)
+		if got, want := contentOf(t, img), contentOf(t, imgs[platform]); !slices.Equal(got, want) {
+			t.Errorf("%s holds config and layers %v, the layout's %s image %v", path, got, platform, want)
 		}
 
-		var manifest []struct {
+		var saved []struct {
 			Config   string
 			RepoTags []string
 			Layers   []string
 		}
-		if err := json.Unmarshal(tarEntry(t, path, "manifest.json"), &manifest); err != nil {
+		if err := json.Unmarshal(tarEntry(t, path, "manifest.json"), &saved); err != nil {
 			t.Fatal(err)
 		}
-		if len(manifest) != 1 || !slices.Equal(manifest[0].RepoTags, []string{tag.String()}) || manifest[0].Config == "" || len(manifest[0].Layers) != 2 {
-			t.Errorf("%s manifest.json = %+v, want one image tagged %s with a config and two layers", path, manifest, tag)
+		if len(saved) != 1 || !slices.Equal(saved[0].RepoTags, []string{tag.String()}) || saved[0].Config == "" || len(saved[0].Layers) != 2 {
+			t.Errorf("%s manifest.json = %+v, want one image tagged %s with a config and two layers", path, saved, tag)
+		}
+
+		var index v1.IndexManifest
+		if err := json.Unmarshal(tarEntry(t, path, "index.json"), &index); err != nil {
+			t.Fatal(err)
+		}
+		want := digestOf(t, imgs[platform])
+		if len(index.Manifests) != 1 || index.Manifests[0].Digest.String() != want ||
+			index.Manifests[0].Annotations["io.containerd.image.name"] != tag.String() {
+			t.Fatalf("%s index.json = %+v, want the layout's manifest %s named %s", path, index, want, tag)
+		}
+		manifest := tarEntry(t, path, "blobs/sha256/"+index.Manifests[0].Digest.Hex)
+		if sum := sha256.Sum256(manifest); "sha256:"+hex.EncodeToString(sum[:]) != want {
+			t.Errorf("%s: the manifest blob does not match its digest", path)
 		}
 	}
+}
+
+// contentOf lists an image's config digest and layer digests: what a
+// Docker manifest and an OCI manifest of the same image share.
+func contentOf(t *testing.T, img v1.Image) []string {
+	t.Helper()
+	cfg, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []string{cfg.String()}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range layers {
+		d, err := l.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d.String())
+	}
+	return out
 }
 
 // tarEntry returns the content of the file name in the tar file at path.

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
@@ -86,6 +87,9 @@ func build(ctx context.Context, o options, base []entry) error {
 	}
 	if r.revision == "" {
 		r.revision = gitOr(ctx, o.src, "unknown", "rev-parse", "HEAD")
+	}
+	if _, err := name.NewTag(r.ref(), name.StrictValidation); err != nil {
+		return fmt.Errorf("-repository %s with version %s: %w", r.repository, r.version, err)
 	}
 
 	staging := o.out + ".tmp"

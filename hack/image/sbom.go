@@ -167,7 +167,7 @@ func newSBOM(in sbomInput) (*spdxDocument, error) {
 		var notes []string
 		switch r := dep.Replace; {
 		case r == nil:
-		case r.Version == "":
+		case r.Version == "" || r.Version == "(devel)":
 			notes = append(notes, "replaced by the folder "+r.Path)
 			sum, download = "", noAssertion
 		default:

@@ -88,8 +88,10 @@ func TestSBOMIsTheBinarysModules(t *testing.T) {
 	}
 	inBinary := map[string]string{"stdlib": info.GoVersion}
 	for _, m := range info.Deps {
-		if m.Replace != nil {
-			m = m.Replace
+		// A module replaced by another version is listed as that one; one
+		// replaced by a folder has no version of its own.
+		if r := m.Replace; r != nil && r.Version != "" && r.Version != "(devel)" {
+			m = r
 		}
 		inBinary[m.Path] = m.Version
 	}
