@@ -45,7 +45,7 @@ test: ## Run every test (unit, integration, end to end) against a real kube-apis
 	echo ">> go vet ./..." && go vet ./... && \
 	echo ">> go test -race -count=1 ./... (KUBEBUILDER_ASSETS=$$assets)" && \
 	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./... && \
-	for m in hack/bench hack/demo; do \
+	for m in hack/bench hack/demo hack/image; do \
 	  echo ">> go vet + go test -race ./... in $$m (its own module)" && \
 	  (cd $$m && go vet ./... && go test -race -count=1 ./...) || exit 1; \
 	done
@@ -65,9 +65,21 @@ load: build ## Load run (~15 min, not in `make test`): 10,000 idle watches vs a 
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets LOAD_WATCHES=$(LOAD_WATCHES) LOAD_HOLD=$(LOAD_HOLD) \
 		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 60m -run '^TestLoad$$' -v ./test/e2e/
 
+# The image: its name, platforms, and what stamps it. SOURCE_DATE_EPOCH (the
+# commit's time) is every time in it, so one commit gives one digest.
+IMAGE ?= ghcr.io/watchgate/watchgate
+PLATFORMS ?= linux/amd64,linux/arm64
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: image
+image: ## Build the image without a container engine for linux/amd64 and linux/arm64: bin/image/oci (OCI layout), a docker-load/crane-push tarball and an SPDX SBOM per platform.
+	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) go run . -src ../.. -out ../../bin/image -repository $(IMAGE) -version $(VERSION) -revision $(REVISION) -platforms $(PLATFORMS)
+
 .PHONY: docker-build
-docker-build: ## Build the container image (needs a Docker engine).
-	docker buildx build --build-arg VERSION=$(VERSION) -t ghcr.io/watchgate/watchgate:$(VERSION) .
+docker-build: ## Build the same image with a Docker engine (buildx), for the engine's platform.
+	docker buildx build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+		--build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) -t $(IMAGE):$(VERSION) .
 
 .PHONY: demo
 demo: ## Build everything, start a local control plane, put watchgate in front, show a storm being stopped.

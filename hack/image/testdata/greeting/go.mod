@@ -1,0 +1,3 @@
+module example.com/greeting
+
+go 1.26.0
