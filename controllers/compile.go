@@ -44,10 +44,10 @@ type Compiled struct {
 }
 
 // Compile converts every budget and compiles the valid ones into a Policy
-// (ratelimit.CompileValid, where each is validated); invalid ones are
-// reported in Invalid, in the words ToBudget uses, and left out, so that one
-// bad budget never disables the others. A budget being deleted is enforced
-// until it is gone.
+// (ratelimit.CompileValid, where each is validated, once); invalid ones are
+// reported in Invalid, on one line with the spec's field paths, and left
+// out, so that one bad budget never disables the others. A budget being
+// deleted is enforced until it is gone.
 func Compile(wbs []v1alpha1.WatchBudget) Compiled {
 	c := Compiled{Generations: make(map[string]int64, len(wbs)), Invalid: map[string]error{}}
 	budgets := make([]ratelimit.Budget, 0, len(wbs))
@@ -56,6 +56,8 @@ func Compile(wbs []v1alpha1.WatchBudget) Compiled {
 		wb := &wbs[i]
 		b := convert(wb)
 		if errs := unconvertible(&b); len(errs) > 0 {
+			// Left out before CompileValid, so validated here, to report
+			// every problem at once.
 			if err := b.Validate(); err != nil {
 				errs = append(errs, err)
 			}
@@ -78,22 +80,18 @@ func Compile(wbs []v1alpha1.WatchBudget) Compiled {
 	return c
 }
 
-// ToBudget converts a WatchBudget into the engine's Budget and validates
-// it with the engine's Budget.Validate, the one Go check, whose bounds are
-// the CRD's. The API server enforces the same rules through the CRD;
-// checking here covers objects stored under an older or hand-edited CRD.
-// The error is one line, field paths those of the spec, ready for a
-// condition message.
+// ToBudget is Compile for one WatchBudget: the engine's Budget, or why the
+// budget is invalid. The check is the engine's (Budget.Validate, whose
+// bounds are the CRD's); the API server enforces the same rules through the
+// CRD, and checking here covers objects stored under an older or
+// hand-edited CRD. The error is one line, field paths those of the spec,
+// ready for a condition message.
 func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
-	b := convert(wb)
-	errs := unconvertible(&b)
-	if err := b.Validate(); err != nil {
-		errs = append(errs, err)
+	c := Compile([]v1alpha1.WatchBudget{*wb})
+	if err := c.Invalid[wb.Name]; err != nil {
+		return ratelimit.Budget{}, err
 	}
-	if len(errs) > 0 {
-		return ratelimit.Budget{}, joinErrors(errs)
-	}
-	return b, nil
+	return c.Budgets[0], nil
 }
 
 // convert maps a WatchBudget's spec onto the engine's Budget, applying the

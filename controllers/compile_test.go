@@ -186,4 +186,23 @@ func TestCompileLeavesInvalidBudgetsOut(t *testing.T) {
 	}
 }
 
+// A budget the engine would read differently (initialStateCost 0) is left
+// out with every problem it has, in the words ToBudget uses.
+func TestCompileReportsUnconvertibleBudgetsLikeToBudget(t *testing.T) {
+	wb := v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: "zero-cost"}, Spec: v1alpha1.WatchBudgetSpec{
+		Enforcement: "Nope", Limits: v1alpha1.Limits{InitialStateCost: ptr.To[int32](0)},
+	}}
+	c := Compile([]v1alpha1.WatchBudget{wb})
+	_, want := ToBudget(&wb)
+	if want == nil || !strings.Contains(want.Error(), "limits.initialStateCost") || !strings.Contains(want.Error(), "enforcement") {
+		t.Fatalf("ToBudget = %v, want both problems", want)
+	}
+	if got := c.Invalid["zero-cost"]; got == nil || got.Error() != want.Error() {
+		t.Errorf("Invalid[zero-cost] = %v, want %v", got, want)
+	}
+	if len(c.Budgets) != 0 || len(c.Policy.Budgets()) != 0 {
+		t.Errorf("the budget is in: %+v", c.Budgets)
+	}
+}
+
 func equalBudgets(a, b ratelimit.Budget) bool { return reflect.DeepEqual(a, b) }

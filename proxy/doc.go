@@ -83,10 +83,9 @@
 // watch Content-Type ("application/json" for JSON, as kube-apiserver sends
 // it, and "application/vnd.kubernetes.protobuf;stream=watch").
 //
-// Metrics register on controller-runtime's registry (metrics.go,
-// auth_metrics.go), never with a user name as a label; docs/operators.md
-// lists every one with its labels, and a test keeps the list and the code in
-// agreement.
+// Metrics register on controller-runtime's registry, never with a user name
+// as a label; docs/operators.md lists every one with its labels (a test in
+// test/packaging keeps the list and the code in agreement).
 //
 // Server is a controller-runtime Runnable that runs on every replica. On
 // shutdown readiness drops first; open watches are then closed one by one
