@@ -104,6 +104,13 @@ func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
 	if b.StaleVersions.Action == "" {
 		b.StaleVersions.Action = ratelimit.StaleReject
 	}
+	if ag := s.Aggregate; ag != nil {
+		b.Aggregate = ratelimit.Aggregate{
+			WatchOpensPerMinute:  deref(ag.WatchOpensPerMinute, 0),
+			WatchBurst:           deref(ag.WatchBurst, 0),
+			MaxConcurrentWatches: deref(ag.MaxConcurrentWatches, 0),
+		}
+	}
 	for _, sub := range s.Subjects {
 		b.Subjects = append(b.Subjects, ratelimit.Subject{Kind: ratelimit.SubjectKind(sub.Kind), Name: sub.Name, Namespace: sub.Namespace})
 	}
@@ -112,6 +119,11 @@ func ToBudget(wb *v1alpha1.WatchBudget) (ratelimit.Budget, error) {
 	}
 
 	errs := unconvertible(&b)
+	if s.Aggregate != nil && b.Aggregate.WatchOpensPerMinute <= 0 && b.Aggregate.MaxConcurrentWatches <= 0 {
+		// The engine's zero Aggregate is "none"; the CRD refuses one that
+		// is set and bounds nothing.
+		errs = append(errs, errors.New("aggregate: must bound something: set watchOpensPerMinute or maxConcurrentWatches"))
+	}
 	if err := b.Validate(); err != nil {
 		errs = append(errs, err)
 	}

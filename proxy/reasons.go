@@ -10,6 +10,7 @@ var reasonTexts = map[ratelimit.Reason]string{
 	ratelimit.ReasonTooManyWatches:       "too many open watches",
 	ratelimit.ReasonBackingOff:           "watches keep failing, backing off",
 	ratelimit.ReasonStaleResourceVersion: "resubscribing with a resourceVersion the API server declared too old",
+	ratelimit.ReasonAggregateLimited:     "too many watches opened on behalf of others by the impersonating caller",
 }
 
 // ReasonText says why a request was rejected for reason r (the reason

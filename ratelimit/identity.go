@@ -26,6 +26,11 @@ type budgetState struct {
 	// overflow governs identities that arrive while the engine tracks
 	// Options.MaxTrackedKeys identities: they share its single identity.
 	overflow shard
+	// aggregates hold the budget's Aggregate per impersonating caller,
+	// with aggregateOverflow as overflow; their identities use only the
+	// watch bucket and the count of open watches.
+	aggregates        [numShards]shard
+	aggregateOverflow shard
 }
 
 // shard is a lock and the identities it guards.
@@ -87,6 +92,12 @@ func newBudgetState(b *Budget) *budgetState {
 	}
 	bs.overflow.bs = bs
 	bs.overflow.spill = &identity{user: "", sh: &bs.overflow}
+	for i := range bs.aggregates {
+		bs.aggregates[i].bs = bs
+		bs.aggregates[i].ids = make(map[uint64]*identity)
+	}
+	bs.aggregateOverflow.bs = bs
+	bs.aggregateOverflow.spill = &identity{user: "", sh: &bs.aggregateOverflow}
 	return bs
 }
 
