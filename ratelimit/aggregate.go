@@ -55,19 +55,7 @@ func (a *enforced) aggregateFor(r *Request) (*budgetState, *Budget) {
 // not yet tracked share the budget's aggregate overflow identity.
 func (e *Engine) aggregateIdentity(bs *budgetState, caller string) *identity {
 	h := maphash.String(e.userSeed, caller)
-	sh := &bs.aggregates[h%numShards]
-	key := e.userKey(caller)
-	sh.mu.Lock()
-	id := sh.find(h, key)
-	if id == nil {
-		if id = e.track(sh, h, key); id == nil {
-			sh.mu.Unlock()
-			sh = &bs.aggregateOverflow
-			sh.mu.Lock()
-			id = sh.spill
-		}
-	}
-	return id
+	return e.lockedIdentity(&bs.aggregates[h%numShards], &bs.aggregateOverflow, h, e.userKey(caller))
 }
 
 // chargeAggregate charges one watch to the aggregate identity id under cfg

@@ -114,7 +114,9 @@ const (
 //
 // Engine is safe for simultaneous use by multiple goroutines. Decide and
 // WatchEnded take one lock, that of the identity's shard (one of 64 per
-// budget), and read the Policy through an atomic pointer.
+// budget), and read the Policy through an atomic pointer; an impersonated
+// watch charged to its caller's Aggregate takes the aggregate's shard lock
+// too, never while holding the other.
 type Engine struct {
 	opts Options
 	// userSeed hashes user names to shards; seeds hash watch keys.
@@ -305,17 +307,8 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 		}
 	}
 
-	user := e.userKey(r.User)
-	sh.mu.Lock()
-	id := sh.find(h, user)
-	if id == nil {
-		if id = e.track(sh, h, user); id == nil {
-			sh.mu.Unlock()
-			sh = &bs.overflow
-			sh.mu.Lock()
-			id = sh.spill
-		}
-	}
+	id := e.lockedIdentity(sh, &bs.overflow, h, e.userKey(r.User))
+	sh = id.sh
 	v := e.decide(id, e.advance(id, now.UnixNano(), cfg), r, cfg, stale)
 	sh.mu.Unlock()
 	if agg != nil && !v.admitted {

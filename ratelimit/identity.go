@@ -181,6 +181,23 @@ func (e *Engine) track(sh *shard, h uint64, user string) *identity {
 	return id
 }
 
+// lockedIdentity returns the identity of user (a userKey), whose name
+// hashes to h, in sh, tracking it if need be, with its shard's lock held:
+// sh's, or overflow's, whose shared identity it is when the engine tracks
+// its maximum of identities.
+func (e *Engine) lockedIdentity(sh, overflow *shard, h uint64, user string) *identity {
+	sh.mu.Lock()
+	if id := sh.find(h, user); id != nil {
+		return id
+	}
+	if id := e.track(sh, h, user); id != nil {
+		return id
+	}
+	sh.mu.Unlock()
+	overflow.mu.Lock()
+	return overflow.spill
+}
+
 // advance moves the identity's clock to now (UnixNano; or keeps it, when
 // now is earlier: concurrent callers' instants may arrive out of order, and
 // a bucket whose clock ran backwards would hand out tokens twice), and
