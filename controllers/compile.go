@@ -55,7 +55,7 @@ func Compile(wbs []v1alpha1.WatchBudget) Compiled {
 	for i := range wbs {
 		wb := &wbs[i]
 		b := convert(wb)
-		if errs := unconvertible(&b); len(errs) > 0 {
+		if errs := unconvertible(&wb.Spec, &b); len(errs) > 0 {
 			// Left out before CompileValid, so validated here, to report
 			// every problem at once.
 			if err := b.Validate(); err != nil {
@@ -132,6 +132,13 @@ func convert(wb *v1alpha1.WatchBudget) ratelimit.Budget {
 	if b.Precedence == 0 {
 		b.Precedence = defaultPrecedence
 	}
+	if ag := s.Aggregate; ag != nil {
+		b.Aggregate = ratelimit.Aggregate{
+			WatchOpensPerMinute:  deref(ag.WatchOpensPerMinute, 0),
+			WatchBurst:           deref(ag.WatchBurst, 0),
+			MaxConcurrentWatches: deref(ag.MaxConcurrentWatches, 0),
+		}
+	}
 	for _, sub := range s.Subjects {
 		b.Subjects = append(b.Subjects, ratelimit.Subject{Kind: ratelimit.SubjectKind(sub.Kind), Name: sub.Name, Namespace: sub.Namespace})
 	}
@@ -146,9 +153,14 @@ func convert(wb *v1alpha1.WatchBudget) ratelimit.Budget {
 // StaleVersions.Memory 0 disables the memory and ResetAfter 0 clears on any
 // watch that is not a failure; none of these is what the same 0 in a
 // WatchBudget says (the CRD's minimum 1, and resetAfterSeconds >=
-// shortWatchSeconds). Every other rule is Budget.Validate's.
-func unconvertible(b *ratelimit.Budget) []error {
+// shortWatchSeconds); nor an aggregate that is set and bounds nothing,
+// which the engine's zero Aggregate reads as none. Every other rule is
+// Budget.Validate's.
+func unconvertible(s *v1alpha1.WatchBudgetSpec, b *ratelimit.Budget) []error {
 	var errs []error
+	if s.Aggregate != nil && b.Aggregate.WatchOpensPerMinute <= 0 && b.Aggregate.MaxConcurrentWatches <= 0 {
+		errs = append(errs, errors.New("aggregate: must bound something: set watchOpensPerMinute or maxConcurrentWatches"))
+	}
 	if b.Limits.InitialStateCost == 0 {
 		errs = append(errs, &ratelimit.FieldError{Path: "limits.initialStateCost", Detail: "must be >= 1"})
 	}

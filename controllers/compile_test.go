@@ -206,3 +206,25 @@ func TestCompileReportsUnconvertibleBudgetsLikeToBudget(t *testing.T) {
 }
 
 func equalBudgets(a, b ratelimit.Budget) bool { return reflect.DeepEqual(a, b) }
+
+// spec.aggregate becomes the budget's Aggregate; one that bounds nothing
+// is refused (the engine's zero Aggregate would silently mean "none").
+func TestToBudgetConvertsTheAggregate(t *testing.T) {
+	wb := &v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: "agents"}, Spec: v1alpha1.WatchBudgetSpec{
+		Aggregate: &v1alpha1.Aggregate{WatchOpensPerMinute: ptr.To[int32](600), WatchBurst: ptr.To[int32](100), MaxConcurrentWatches: ptr.To[int32](2000)},
+	}}
+	b, err := ToBudget(wb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (ratelimit.Aggregate{WatchOpensPerMinute: 600, WatchBurst: 100, MaxConcurrentWatches: 2000}); b.Aggregate != want {
+		t.Errorf("aggregate %+v, want %+v", b.Aggregate, want)
+	}
+	if b, err := ToBudget(&v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: "plain"}}); err != nil || b.Aggregate != (ratelimit.Aggregate{}) {
+		t.Errorf("no aggregate: %+v, %v; want the zero Aggregate", b.Aggregate, err)
+	}
+	wb.Spec.Aggregate = &v1alpha1.Aggregate{WatchBurst: ptr.To[int32](5)}
+	if _, err := ToBudget(wb); err == nil || !strings.Contains(err.Error(), "aggregate") {
+		t.Errorf("an aggregate that bounds nothing: %v, want an error naming aggregate", err)
+	}
+}

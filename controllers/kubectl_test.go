@@ -30,6 +30,7 @@ func TestKubectlGetShowsTheColumns(t *testing.T) {
 			Enforcement: v1alpha1.EnforcementDryRun,
 			Subjects:    []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "kubectl-*"}},
 			Limits:      v1alpha1.Limits{WatchOpensPerMinute: ptr.To[int32](120), WatchBurst: ptr.To[int32](2), MaxConcurrentWatches: ptr.To[int32](50)},
+			Aggregate:   &v1alpha1.Aggregate{MaxConcurrentWatches: ptr.To[int32](400)},
 		},
 	})
 	eventually(t, reloadDeadline, "the budget reaches the engine", func() error {
@@ -58,11 +59,11 @@ func TestKubectlGetShowsTheColumns(t *testing.T) {
 		t.Fatalf("kubectl get wb printed %d lines, want a header and a row:\n%s", len(lines), out)
 	}
 	header := strings.Join(strings.Fields(lines[0]), " ")
-	if want := "NAME ENFORCEMENT REQUESTS OPENS/MIN BURST MAX WATCHES ACTIVE REJECTIONS READY AGE"; header != want {
+	if want := "NAME ENFORCEMENT REQUESTS OPENS/MIN BURST MAX WATCHES AGGREGATE ACTIVE REJECTIONS READY AGE"; header != want {
 		t.Errorf("header = %q, want %q", header, want)
 	}
 	row := strings.Fields(lines[1])
-	if want := []string{"kubectl-shown", "DryRun", "Any", "120", "2", "50", "3", "1", "True"}; len(row) != len(want)+1 || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
+	if want := []string{"kubectl-shown", "DryRun", "Any", "120", "2", "50", "400", "3", "1", "True"}; len(row) != len(want)+1 || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
 		t.Errorf("row = %q, want %q then the age", row, want)
 	}
 
@@ -91,7 +92,7 @@ func TestKubectlExplainDocumentsTheFields(t *testing.T) {
 	for _, field := range []string{"precedence", "subjects", "kind", "namespace", "resources", "apiGroups", "namespaces",
 		"enforcement", "limits", "watchOpensPerMinute", "watchBurst", "maxConcurrentWatches", "initialStateCost",
 		"listsPerMinute", "listBurst", "backoff", "initialDelaySeconds", "maxDelaySeconds", "shortWatchSeconds",
-		"resetAfterSeconds", "staleVersions", "action", "memorySeconds"} {
+		"resetAfterSeconds", "staleVersions", "action", "memorySeconds", "aggregate"} {
 		if !strings.Contains(out, field) {
 			t.Errorf("explain --recursive lacks %s:\n%s", field, out)
 		}
@@ -101,6 +102,7 @@ func TestKubectlExplainDocumentsTheFields(t *testing.T) {
 		"watchbudget.spec.limits.watchOpensPerMinute":  "0 means opens are not limited",
 		"watchbudget.spec.enforcement":                 "Exempt admits everything without tracking it",
 		"watchbudget.status.replicas.recentRejections": "in the last 5 minutes",
+		"watchbudget.spec.aggregate":                   "made-up impersonated names, each a fresh identity, cannot multiply what one caller may open",
 	} {
 		out, err := env.Kubectl(ctx, "explain", path)
 		if err != nil {

@@ -115,7 +115,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 //
 //go:noinline
 func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classification, id user.Info, start time.Time) ratelimit.Decision {
-	d := a.engine.Decide(start, &ratelimit.Request{
+	req := ratelimit.Request{
 		User:                 id.GetName(),
 		Groups:               id.GetGroups(),
 		Verb:                 c.Verb,
@@ -128,7 +128,13 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classifica
 		ResourceVersionMatch: c.ResourceVersionMatch,
 		SendInitialEvents:    c.SendInitialEvents,
 		Impersonated:         impersonatedFrom(r.Context()),
-	})
+	}
+	if req.Impersonated {
+		if caller, ok := callerFrom(r.Context()); ok {
+			req.Caller, req.CallerGroups = caller.GetName(), caller.GetGroups()
+		}
+	}
+	d := a.engine.Decide(start, &req)
 	verb := verbLabel(c.Verb)
 	decisionSecondsOf(c.Verb).Observe(a.clock.Since(start).Seconds())
 	decision := decisionLabel(d)

@@ -155,6 +155,22 @@ func guardedUpstream(t *testing.T, release <-chan struct{}) *rest.Config {
 	return &rest.Config{Host: up.URL}
 }
 
+// holdPath opens a watch of path with token in the background; with
+// guardedUpstream it stays open until release closes.
+func holdPath(t *testing.T, px *httptest.Server, token, path string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, px.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	go func() {
+		if resp, err := px.Client().Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+}
+
 // waitFor waits, at most 5s, until cond holds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -257,33 +273,15 @@ func TestWatchGuardAnswers(t *testing.T) {
 				resp.StatusCode, resp.Header.Get("Retry-After"), DecisionHeader, resp.Header.Get(DecisionHeader), s, code, reason, header, message)
 		}
 	}
-	hold := func(token, ns string) {
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, px.URL+"/api/v1/namespaces/"+ns+"/pods?watch=true&resourceVersion=5", nil)
-			req.Header.Set("Authorization", "Bearer "+token)
-			if resp, err := px.Client().Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
-	}
-	// Different groups, so that they are not followers of one another.
-	hold("alice", "a")
+	// Watches of different groups, so that none follows another.
+	holdPath(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
 	waitFor(t, "alice's first watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
-	holdPath := func(token, group string) {
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, px.URL+"/apis/"+group+"/v1/things?watch=true&resourceVersion=5", nil)
-			req.Header.Set("Authorization", "Bearer "+token)
-			if resp, err := px.Client().Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
-	}
-	holdPath("alice", "one.example")
-	holdPath("agent", "two.example")
+	holdPath(t, px, "alice", "/apis/one.example/v1/things?watch=true&resourceVersion=5")
+	holdPath(t, px, "agent", "/apis/two.example/v1/things?watch=true&resourceVersion=5")
 	waitFor(t, "three watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 3 })
 	check("alice", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
 		"reject; reason=MaxWatchesPerIdentity; retry-after=5", "maximum of 2 watches per identity")
-	holdPath("agent", "three.example")
+	holdPath(t, px, "agent", "/apis/three.example/v1/things?watch=true&resourceVersion=5")
 	waitFor(t, "four watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 4 })
 	check("agent", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
 		"reject; reason=MaxWatches; retry-after=5", "maximum of 4 watches")
@@ -318,13 +316,7 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 	inUse.Store(10 * mib)
 	g := newWatchGuard(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
 	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, px.URL+"/api/v1/namespaces/a/pods?watch=true&resourceVersion=5", nil)
-		req.Header.Set("Authorization", "Bearer alice")
-		if resp, err := px.Client().Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	holdPath(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
 	waitFor(t, "alice's watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
 	inUse.Store(80 * mib) // above 90% of the 85% mark
 	clk.SetTime(clk.Now().Add(time.Second))

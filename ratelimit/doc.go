@@ -36,6 +36,9 @@
 //     (Reason.Text), Outcome, StaleRepeatHold;
 //   - engine.go: Engine, Options, Decide, WatchEnded, SetPolicy;
 //   - identity.go: per-budget sharded identity state and its buckets;
+//   - aggregate.go: hierarchical budgets, the Aggregate an impersonating
+//     caller's watches for others are charged to besides their own
+//     identities' budgets;
 //   - bucket.go: the token bucket, rate.Limiter's arithmetic under the
 //     shard's lock (why: see bucket);
 //   - backoff.go: the backoff formula, how watch endings and stale
@@ -53,5 +56,7 @@
 // Options.MaxBackoffKeys and MaxBackoffKeysPerIdentity for backoff keys
 // (stored as 128-bit hashes; beyond its cap an identity's failing keys
 // back off together), and fixed caps for stale versions (stored as
-// numbers). No identity's keys count against another's cap.
+// numbers). No identity's keys count against another's cap. An
+// impersonating caller's Aggregate is one more identity of the budget that
+// governs the caller, under the same caps.
 package ratelimit

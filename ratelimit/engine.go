@@ -114,7 +114,9 @@ const (
 //
 // Engine is safe for simultaneous use by multiple goroutines. Decide and
 // WatchEnded take one lock, that of the identity's shard (one of 64 per
-// budget), and read the Policy through an atomic pointer.
+// budget), and read the Policy through an atomic pointer; an impersonated
+// watch charged to its caller's Aggregate takes the aggregate's shard lock
+// too, never while holding the other.
 type Engine struct {
 	opts Options
 	// userSeed hashes user names to shards; seeds hash watch keys.
@@ -253,6 +255,13 @@ func (e *Engine) remove(bs *budgetState) {
 	sh.mu.Lock()
 	e.dropBackoff(sh.spill)
 	sh.mu.Unlock()
+	for i := range bs.aggregates {
+		sh := &bs.aggregates[i]
+		sh.mu.Lock()
+		e.identities.give(sh.tracked)
+		sh.ids, sh.tracked = nil, 0
+		sh.mu.Unlock()
+	}
 }
 
 // Decide answers r at now. See Engine for the checks and their order.
@@ -276,19 +285,41 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	stale := r.Verb == VerbWatch && cfg.StaleVersions.Action == StaleReject && r.fromVersion() &&
 		e.stale.has(now, r.Group, r.Resource, r.ResourceVersion, &cfg.StaleVersions)
 
-	user := e.userKey(r.User)
-	sh.mu.Lock()
-	id := sh.find(h, user)
-	if id == nil {
-		if id = e.track(sh, h, user); id == nil {
-			sh.mu.Unlock()
-			sh = &bs.overflow
-			sh.mu.Lock()
-			id = sh.spill
+	// An impersonated watch is charged to its caller's Aggregate first:
+	// beyond it, the impersonated identity is not asked (and nothing of it
+	// is taken); otherwise the charge is refunded if the identity's own
+	// budget then rejects the watch.
+	var agg *identity
+	aggDryRun := false
+	if aggBS, aggCfg := a.aggregateFor(r); aggBS != nil && !stale {
+		agg = e.aggregateIdentity(aggBS, r.Caller)
+		reason, d := e.chargeAggregate(agg, now.UnixNano(), aggCfg)
+		if reason != ReasonNone {
+			agg.sh.decisions[reasonIndex(reason)]++
+		}
+		agg.sh.mu.Unlock()
+		if reason != ReasonNone {
+			agg = nil
+			if aggCfg.Enforcement != DryRun {
+				return Decision{Reason: reason, RetryAfter: d.RetryAfter, Budget: aggCfg.Name, Enforcement: aggCfg.Enforcement}
+			}
+			aggDryRun = true
 		}
 	}
+
+	id := e.lockedIdentity(sh, &bs.overflow, h, e.userKey(r.User))
+	sh = id.sh
 	v := e.decide(id, e.advance(id, now.UnixNano(), cfg), r, cfg, stale)
 	sh.mu.Unlock()
+	if agg != nil && !v.admitted {
+		e.refundAggregate(agg)
+		agg = nil
+	}
+	if aggDryRun && v.reason == ReasonNone {
+		// The aggregate's DryRun budget would have rejected it.
+		return Decision{Allowed: true, Reason: ReasonAggregateLimited, Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: true,
+			Watch: e.watchOf(id, r)}
+	}
 
 	// Built here, in the result, rather than filled in through a pointer
 	// under the lock: a Decision is 176 bytes, a third of them strings.
@@ -297,17 +328,24 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 		e.opts.OnThrottled(cfg.Name, r.User, v.reason, dryRun)
 	}
 	if v.admitted {
-		s := slots.Get().(*slot)
+		w := e.watchOf(id, r)
+		w.agg = agg
 		return Decision{
 			Allowed: true, Reason: v.reason, RetryAfter: v.retryAfter,
 			Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun,
-			Watch: Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)},
+			Watch: w,
 		}
 	}
 	return Decision{
 		Allowed: v.reason == ReasonNone || dryRun, Reason: v.reason, RetryAfter: v.retryAfter,
 		Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: dryRun,
 	}
+}
+
+// watchOf is the Watch of r, admitted for id.
+func (e *Engine) watchOf(id *identity, r *Request) Watch {
+	s := slots.Get().(*slot)
+	return Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)}
 }
 
 // verdict is decide's answer.
@@ -419,6 +457,9 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 		e.learn(id, &w.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}
 	sh.mu.Unlock()
+	if w.agg != nil {
+		releaseAggregate(w.agg, now.UnixNano())
+	}
 }
 
 // Reasons are counted per shard at these indexes.
@@ -428,10 +469,11 @@ const (
 	idxTooManyWatches
 	idxBackingOff
 	idxStale
+	idxAggregateLimited
 	numReasons
 )
 
-var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion}
+var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion, ReasonAggregateLimited}
 
 func reasonIndex(r Reason) int {
 	switch r {
@@ -443,6 +485,8 @@ func reasonIndex(r Reason) int {
 		return idxBackingOff
 	case ReasonStaleResourceVersion:
 		return idxStale
+	case ReasonAggregateLimited:
+		return idxAggregateLimited
 	}
 	return idxAllowed
 }

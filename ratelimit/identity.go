@@ -26,6 +26,11 @@ type budgetState struct {
 	// overflow governs identities that arrive while the engine tracks
 	// Options.MaxTrackedKeys identities: they share its single identity.
 	overflow shard
+	// aggregates hold the budget's Aggregate per impersonating caller,
+	// with aggregateOverflow as overflow; their identities use only the
+	// watch bucket and the count of open watches.
+	aggregates        [numShards]shard
+	aggregateOverflow shard
 }
 
 // shard is a lock and the identities it guards.
@@ -87,6 +92,12 @@ func newBudgetState(b *Budget) *budgetState {
 	}
 	bs.overflow.bs = bs
 	bs.overflow.spill = &identity{user: "", sh: &bs.overflow}
+	for i := range bs.aggregates {
+		bs.aggregates[i].bs = bs
+		bs.aggregates[i].ids = make(map[uint64]*identity)
+	}
+	bs.aggregateOverflow.bs = bs
+	bs.aggregateOverflow.spill = &identity{user: "", sh: &bs.aggregateOverflow}
 	return bs
 }
 
@@ -168,6 +179,23 @@ func (e *Engine) track(sh *shard, h uint64, user string) *identity {
 	sh.ids[h] = id
 	sh.tracked++
 	return id
+}
+
+// lockedIdentity returns the identity of user (a userKey), whose name
+// hashes to h, in sh, tracking it if need be, with its shard's lock held:
+// sh's, or overflow's, whose shared identity it is when the engine tracks
+// its maximum of identities.
+func (e *Engine) lockedIdentity(sh, overflow *shard, h uint64, user string) *identity {
+	sh.mu.Lock()
+	if id := sh.find(h, user); id != nil {
+		return id
+	}
+	if id := e.track(sh, h, user); id != nil {
+		return id
+	}
+	sh.mu.Unlock()
+	overflow.mu.Lock()
+	return overflow.spill
 }
 
 // advance moves the identity's clock to now (UnixNano; or keeps it, when

@@ -183,8 +183,12 @@ type Budget struct {
 	// AnyRequest when empty.
 	Impersonation Impersonation
 	// Enforcement is Enforce when empty.
-	Enforcement   Enforcement
-	Limits        Limits
+	Enforcement Enforcement
+	Limits      Limits
+	// Aggregate bounds the sum of what a caller this budget governs opens
+	// while impersonating others (see Aggregate); the zero value bounds
+	// nothing.
+	Aggregate     Aggregate
 	Backoff       Backoff
 	StaleVersions StaleVersions
 }

@@ -41,6 +41,11 @@ type Request struct {
 	// Impersonated is true when User and Groups are an identity the caller
 	// impersonates (and may), false when they are the caller's own.
 	Impersonated bool
+	// Caller and CallerGroups are the authenticated caller behind an
+	// impersonated request, whose Aggregate it is also charged to; unset
+	// for a direct one.
+	Caller       string
+	CallerGroups []string
 }
 
 // initialState reports whether the watch asks the server for the current
@@ -88,6 +93,12 @@ const (
 	// requested resourceVersion too old; answer 410 Expired locally, after
 	// holding the answer back for RetryAfter.
 	ReasonStaleResourceVersion Reason = "StaleResourceVersion"
+	// ReasonAggregateLimited: the impersonating caller's Aggregate (the
+	// sum of what it opens for others) lacks the token or the slot;
+	// RetryAfter is the time until the token is there, or
+	// TooManyWatchesRetryAfter. The Decision's Budget is the one that
+	// carries the Aggregate.
+	ReasonAggregateLimited Reason = "AggregateLimited"
 
 	// ReasonAllowed is not a Decision's Reason: it is the key under which
 	// BudgetStats.Decisions counts decisions with no Reason.
@@ -100,6 +111,7 @@ var reasonTexts = map[Reason]string{
 	ReasonTooManyWatches:       "too many open watches",
 	ReasonBackingOff:           "watches keep failing, backing off",
 	ReasonStaleResourceVersion: "resubscribing with a resourceVersion the API server declared too old",
+	ReasonAggregateLimited:     "too many watches opened on behalf of others by the impersonating caller",
 }
 
 // Text says, in a few words, why a request was rejected for reason r (the
@@ -172,6 +184,9 @@ type Watch struct {
 	slot *slot
 	gen  uint64
 	id   *identity
+	// agg is the impersonating caller's aggregate identity the watch is
+	// also charged to; nil when none.
+	agg *identity
 	// req is the request's watch key as sent, kept only while the caller
 	// holds the Watch: the engine stores its hash (watchKey), and computes
 	// it only when the watch's end changes backoff.

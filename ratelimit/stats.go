@@ -57,6 +57,17 @@ func (e *Engine) Stats() map[string]BudgetStats {
 			})
 			sh.mu.Unlock()
 		}
+		// Aggregates count only their rejections: every watch they admit
+		// is counted by the identity it is charged to.
+		for i := range bs.aggregates {
+			sh := &bs.aggregates[i]
+			sh.mu.Lock()
+			counts[idxAggregateLimited] += sh.decisions[idxAggregateLimited]
+			sh.mu.Unlock()
+		}
+		bs.aggregateOverflow.mu.Lock()
+		counts[idxAggregateLimited] += bs.aggregateOverflow.decisions[idxAggregateLimited]
+		bs.aggregateOverflow.mu.Unlock()
 		sh := &bs.overflow
 		sh.mu.Lock()
 		st.ActiveWatches += sh.open

@@ -36,6 +36,14 @@ func (e *Engine) Sweep(now time.Time) (evicted int) {
 		sh.mu.Lock()
 		evicted += e.sweepBackoff(sh.spill, ns)
 		sh.mu.Unlock()
+		for i := range bs.aggregates {
+			sh := &bs.aggregates[i]
+			sh.mu.Lock()
+			n := sh.evict(func(id *identity) bool { return id.idle(now, idleAfter) })
+			e.identities.give(n)
+			evicted += n
+			sh.mu.Unlock()
+		}
 	}
 	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory)
 }

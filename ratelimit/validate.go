@@ -173,6 +173,14 @@ func (b *Budget) Validate() error {
 		bad("limits.listBurst", "must be >= 1 when listsPerMinute > 0")
 	}
 
+	ag := b.Aggregate
+	between("aggregate.watchOpensPerMinute", int64(ag.WatchOpensPerMinute), 0, maxRate)
+	between("aggregate.watchBurst", int64(ag.WatchBurst), 0, maxRate)
+	between("aggregate.maxConcurrentWatches", int64(ag.MaxConcurrentWatches), 0, maxRate)
+	if ag.WatchOpensPerMinute > 0 && ag.WatchBurst < 1 {
+		bad("aggregate.watchBurst", "must be >= 1 when watchOpensPerMinute > 0")
+	}
+
 	bo := b.Backoff
 	durationBetween("backoff.initial", bo.Initial, maxDelay)
 	durationBetween("backoff.max", bo.Max, maxDelay)

@@ -62,6 +62,17 @@ type WatchBudgetSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Limits Limits `json:"limits,omitempty"`
+	// aggregate makes the budget hierarchical: it bounds the sum of the
+	// watches each caller the budget governs opens while impersonating
+	// others. Every impersonated watch is charged to the impersonated
+	// user's own budget (its buckets and cap) and to the aggregate of the
+	// caller, the one whose credentials the request carries: the budget
+	// that governs the caller's own requests for that resource. So made-up
+	// impersonated names, each a fresh identity, cannot multiply what one
+	// caller may open. Unset: no aggregate. Ignored when enforcement is
+	// Exempt; in DryRun, reported but not enforced.
+	// +optional
+	Aggregate *Aggregate `json:"aggregate,omitempty"`
 
 	// backoff slows down clients whose watches keep dying: after a failed
 	// watch (one that ended with an error, or sooner than shortWatchSeconds)
@@ -255,6 +266,36 @@ type Limits struct {
 	// +kubebuilder:default=10
 	// +optional
 	ListBurst *int32 `json:"listBurst,omitempty"`
+}
+
+// Aggregate bounds, per impersonating caller, the sum of the watches it
+// opens on behalf of others, whoever it names.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.watchOpensPerMinute) || self.watchOpensPerMinute == 0 || (has(self.watchBurst) && self.watchBurst >= 1)",message="watchBurst must be at least 1 when watchOpensPerMinute is set",fieldPath=".watchBurst"
+// +kubebuilder:validation:XValidation:rule="(has(self.watchOpensPerMinute) && self.watchOpensPerMinute > 0) || (has(self.maxConcurrentWatches) && self.maxConcurrentWatches > 0)",message="an aggregate must bound something: set watchOpensPerMinute or maxConcurrentWatches"
+type Aggregate struct {
+	// watchOpensPerMinute is the rate, in watch opens per minute, at which
+	// a caller's aggregate bucket refills: every watch it opens for someone
+	// else takes one token. 0 or unset: opens are not bounded in sum.
+	// Between 0 and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	WatchOpensPerMinute *int32 `json:"watchOpensPerMinute,omitempty"`
+	// watchBurst is the size, in watch opens, of a caller's aggregate
+	// bucket. Must be at least 1 when watchOpensPerMinute is set. Between 0
+	// and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	WatchBurst *int32 `json:"watchBurst,omitempty"`
+	// maxConcurrentWatches caps the watches a caller may hold open for
+	// others at once (per proxy replica), in sum. 0 or unset: no cap.
+	// Between 0 and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	MaxConcurrentWatches *int32 `json:"maxConcurrentWatches,omitempty"`
 }
 
 // Backoff configures the exponential backoff of clients whose watches keep

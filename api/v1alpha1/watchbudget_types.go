@@ -23,6 +23,7 @@ import (
 // +kubebuilder:printcolumn:name="Opens/min",type=integer,JSONPath=`.spec.limits.watchOpensPerMinute`,description="Watch opens per minute per identity (0: unlimited)."
 // +kubebuilder:printcolumn:name="Burst",type=integer,JSONPath=`.spec.limits.watchBurst`,description="Watch opens an identity may make at once."
 // +kubebuilder:printcolumn:name="Max watches",type=integer,JSONPath=`.spec.limits.maxConcurrentWatches`,description="Watches an identity may hold open at once (0: no cap)."
+// +kubebuilder:printcolumn:name="Aggregate",type=integer,JSONPath=`.spec.aggregate.maxConcurrentWatches`,description="Watches each caller may hold open for the users it impersonates, in sum (empty: no cap)."
 // +kubebuilder:printcolumn:name="Active",type=integer,JSONPath=`.status.activeWatches`,description="Watches open right now, over all proxy replicas."
 // +kubebuilder:printcolumn:name="Rejections",type=integer,JSONPath=`.status.recentRejections`,description="Requests rejected (or, in DryRun, that would have been) in the last 5 minutes, over all proxy replicas."
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the budget is valid and enforced."

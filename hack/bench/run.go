@@ -281,9 +281,12 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 		return nil, stop, fmt.Errorf("apply the bench budget: %w: %s", err, out)
 	}
 	logs := filepath.Join(os.TempDir(), "watchgate-bench.log")
+	// One caller holds every idle watch: its ceiling is the replica's cap
+	// (--max-watches' default), not a quarter of it.
 	wp, err := startProcess("watchgate", watchgateBin, logs,
 		"--kubeconfig", env.Kubeconfig, "--proxy-bind-address", addrs[1], "--metrics-bind-address", addrs[2], "--metrics-secure=false",
-		"--health-probe-bind-address", addrs[3], "--pprof-bind-address", addrs[4], "--pod-name", "watchgate-bench-0", "--shutdown-grace-period", "1s")
+		"--health-probe-bind-address", addrs[3], "--pprof-bind-address", addrs[4], "--pod-name", "watchgate-bench-0", "--shutdown-grace-period", "1s",
+		"--max-watches-per-identity", "4000")
 	if err != nil {
 		return nil, stop, err
 	}

@@ -16,6 +16,8 @@ import (
 func ForKind(kind schema.GroupVersionKind) interface{} {
 	switch kind {
 	// Group=watchgate.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithKind("Aggregate"):
+		return &apiv1alpha1.AggregateApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Backoff"):
 		return &apiv1alpha1.BackoffApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Limits"):

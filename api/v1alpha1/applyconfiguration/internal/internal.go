@@ -23,6 +23,18 @@ func Parser() *typed.Parser {
 var parserOnce sync.Once
 var parser *typed.Parser
 var schemaYAML = typed.YAMLObject(`types:
+- name: com.github.watchgate.watchgate.api.v1alpha1.Aggregate
+  map:
+    fields:
+    - name: maxConcurrentWatches
+      type:
+        scalar: numeric
+    - name: watchBurst
+      type:
+        scalar: numeric
+    - name: watchOpensPerMinute
+      type:
+        scalar: numeric
 - name: com.github.watchgate.watchgate.api.v1alpha1.Backoff
   map:
     fields:
@@ -189,6 +201,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.watchgate.watchgate.api.v1alpha1.WatchBudgetSpec
   map:
     fields:
+    - name: aggregate
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.Aggregate
     - name: backoff
       type:
         namedType: com.github.watchgate.watchgate.api.v1alpha1.Backoff

@@ -48,6 +48,16 @@ type WatchBudgetSpecApplyConfiguration struct {
 	// limits are per identity: each identity the budget governs gets its own
 	// buckets and its own cap.
 	Limits *LimitsApplyConfiguration `json:"limits,omitempty"`
+	// aggregate makes the budget hierarchical: it bounds the sum of the
+	// watches each caller the budget governs opens while impersonating
+	// others. Every impersonated watch is charged to the impersonated
+	// user's own budget (its buckets and cap) and to the aggregate of the
+	// caller, the one whose credentials the request carries: the budget
+	// that governs the caller's own requests for that resource. So made-up
+	// impersonated names, each a fresh identity, cannot multiply what one
+	// caller may open. Unset: no aggregate. Ignored when enforcement is
+	// Exempt; in DryRun, reported but not enforced.
+	Aggregate *AggregateApplyConfiguration `json:"aggregate,omitempty"`
 	// backoff slows down clients whose watches keep dying: after a failed
 	// watch (one that ended with an error, or sooner than shortWatchSeconds)
 	// the next watch of the same identity, resource, namespace and selectors
@@ -121,6 +131,14 @@ func (b *WatchBudgetSpecApplyConfiguration) WithEnforcement(value apiv1alpha1.En
 // If called multiple times, the Limits field is set to the value of the last call.
 func (b *WatchBudgetSpecApplyConfiguration) WithLimits(value *LimitsApplyConfiguration) *WatchBudgetSpecApplyConfiguration {
 	b.Limits = value
+	return b
+}
+
+// WithAggregate sets the Aggregate field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Aggregate field is set to the value of the last call.
+func (b *WatchBudgetSpecApplyConfiguration) WithAggregate(value *AggregateApplyConfiguration) *WatchBudgetSpecApplyConfiguration {
+	b.Aggregate = value
 	return b
 }
 
