@@ -121,7 +121,7 @@ func TestCompileValidLeavesBadBudgetsOut(t *testing.T) {
 	in := []Budget{
 		{Name: "a"},
 		{Name: "b", Limits: Limits{WatchOpensPerMinute: 1}}, // no burst
-		{Name: "a", Precedence: 5},                         // a's name is taken
+		{Name: "a", Precedence: 5},                          // a's name is taken
 		{Name: "c", Enforcement: DryRun},
 	}
 	p, invalid := CompileValid(in)
