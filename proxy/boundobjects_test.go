@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -14,9 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	metadatafake "k8s.io/client-go/metadata/fake"
-	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -54,17 +51,7 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 	issuer := &testIssuerServer{}
 	key := newKey(t)
 	issuer.publish("k1", key)
-	srv := httptest.NewServer(issuer)
-	t.Cleanup(srv.Close)
-	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bound := newBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk)
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute, bound)
-	if err := sa.refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	sa := verifierOf(t, issuer, clk, time.Minute, newBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk))
 	sign := func(saName, saUID string, pod, node, secret, webhook *claimRef) string {
 		sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithHeader("kid", "k1"))
 		if err != nil {
