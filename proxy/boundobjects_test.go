@@ -117,3 +117,36 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkVerifyRememberedToken measures a request's local verification
+// of a token verified before: the cache of verified tokens, then (with
+// bound) the remembered answers for its service account and pod.
+func BenchmarkVerifyRememberedToken(b *testing.B) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	meta := metadatafake.NewSimpleMetadataClient(metadatafake.NewTestScheme())
+	meta.PrependReactor("get", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		uid := map[string]types.UID{"serviceaccounts": "uid-1", "pods": "pod-uid"}[a.GetResource().Resource]
+		return true, &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{UID: uid}}, nil
+	})
+	key := newKey(b)
+	for name, bound := range map[string]*boundObjects{
+		"unchecked": nil,
+		"bound":     newBoundObjects(meta, 100, time.Hour, time.Hour, time.Second, clk),
+	} {
+		b.Run(name, func(b *testing.B) {
+			issuer := &testIssuerServer{}
+			issuer.publish("k1", key)
+			sa := verifierOf(b, issuer, clk, time.Hour, bound)
+			tok := saToken(b, key, "k1", testIssuer, testIssuer, t0.Add(time.Hour))
+			ctx := context.Background()
+			if _, v := sa.verify(ctx, tok, t0); v != validServiceAccount {
+				b.Fatalf("verdict %v", v)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				sa.verify(ctx, tok, t0)
+			}
+		})
+	}
+}

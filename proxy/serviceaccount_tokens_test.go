@@ -52,7 +52,7 @@ func (s *testIssuerServer) publish(kid string, k *rsa.PrivateKey) {
 	s.keys.Keys = append(s.keys.Keys, jose.JSONWebKey{Key: &k.PublicKey, KeyID: kid, Algorithm: "RS256", Use: "sig"})
 }
 
-func newKey(t *testing.T) *rsa.PrivateKey {
+func newKey(t testing.TB) *rsa.PrivateKey {
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func newKey(t *testing.T) *rsa.PrivateKey {
 }
 
 // saToken signs a service-account token like kube-apiserver's TokenRequest.
-func saToken(t *testing.T, k *rsa.PrivateKey, kid, issuer, aud string, exp time.Time) string {
+func saToken(t testing.TB, k *rsa.PrivateKey, kid, issuer, aud string, exp time.Time) string {
 	t.Helper()
 	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: k}, (&jose.SignerOptions{}).WithHeader("kid", kid))
 	if err != nil {
@@ -84,7 +84,7 @@ func saToken(t *testing.T, k *rsa.PrivateKey, kid, issuer, aud string, exp time.
 // verifierOf serves issuer and returns local verification against it,
 // with its keys fetched, verified tokens remembered for cacheTTL, and
 // their objects checked with bound (nil: not checked).
-func verifierOf(t *testing.T, issuer *testIssuerServer, clk clock.PassiveClock, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
+func verifierOf(t testing.TB, issuer *testIssuerServer, clk clock.PassiveClock, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
 	t.Helper()
 	srv := httptest.NewServer(issuer)
 	t.Cleanup(srv.Close)
