@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -14,9 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	metadatafake "k8s.io/client-go/metadata/fake"
-	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -54,17 +51,7 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 	issuer := &testIssuerServer{}
 	key := newKey(t)
 	issuer.publish("k1", key)
-	srv := httptest.NewServer(issuer)
-	t.Cleanup(srv.Close)
-	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bound := newBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk)
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute, bound)
-	if err := sa.refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	sa := verifierOf(t, issuer, clk, time.Minute, newBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk))
 	sign := func(saName, saUID string, pod, node, secret, webhook *claimRef) string {
 		sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithHeader("kid", "k1"))
 		if err != nil {
@@ -129,4 +116,37 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 			t.Fatalf("verdict %v once the answer expired, want revoked", v)
 		}
 	})
+}
+
+// BenchmarkVerifyRememberedToken measures a request's local verification
+// of a token verified before: the cache of verified tokens, then (with
+// bound) the remembered answers for its service account and pod.
+func BenchmarkVerifyRememberedToken(b *testing.B) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	meta := metadatafake.NewSimpleMetadataClient(metadatafake.NewTestScheme())
+	meta.PrependReactor("get", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		uid := map[string]types.UID{"serviceaccounts": "uid-1", "pods": "pod-uid"}[a.GetResource().Resource]
+		return true, &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{UID: uid}}, nil
+	})
+	key := newKey(b)
+	for name, bound := range map[string]*boundObjects{
+		"unchecked": nil,
+		"bound":     newBoundObjects(meta, 100, time.Hour, time.Hour, time.Second, clk),
+	} {
+		b.Run(name, func(b *testing.B) {
+			issuer := &testIssuerServer{}
+			issuer.publish("k1", key)
+			sa := verifierOf(b, issuer, clk, time.Hour, bound)
+			tok := saToken(b, key, "k1", testIssuer, testIssuer, t0.Add(time.Hour))
+			ctx := context.Background()
+			if _, v := sa.verify(ctx, tok, t0); v != validServiceAccount {
+				b.Fatalf("verdict %v", v)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				sa.verify(ctx, tok, t0)
+			}
+		})
+	}
 }

@@ -29,8 +29,8 @@ type reviewCache struct {
 	entries *utilcache.LRUExpireCache
 	flights singleflight.Group
 	budget  *fairReviews
-	// slots caps the reviews in flight; reservedSlots, the reviews of
-	// laneRecent, which never wait for slots.
+	// slots caps the reviews in flight; laneRecent's reviews have
+	// reservedSlots of their own, so they never wait behind the others.
 	slots, reservedSlots chan struct{}
 	clock                clock.PassiveClock
 	timeout              time.Duration
@@ -68,9 +68,10 @@ const (
 // get returns the cached answer for key, or runs review once for every
 // caller asking for key at the same time and caches its answer for the TTL
 // it returns (0: not cached). A review is sent only when requester's
-// budget in lane allows (see fairReviews.allow). Errors are never cached. A review lasts at most the cache's
-// timeout; it is shared by every request waiting for the same key, so it
-// does not follow any one request's context.
+// budget in lane allows (see fairReviews.allow). Errors are never cached.
+// A review lasts at most the cache's timeout; it is shared by every
+// request waiting for the same key, so it does not follow any one
+// request's context.
 func (c *reviewCache) get(ctx context.Context, key, requester string, lane reviewLane, review func(context.Context) (any, time.Duration, error)) (any, error) {
 	if v, ok := c.entries.Get(key); ok {
 		reviewCacheLookups.WithLabelValues(c.kind, "hit").Inc()
@@ -123,7 +124,7 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, lane revie
 // A review needs a token from the requester's bucket first, so a requester
 // that floods empties only its own bucket and never the shared one beyond
 // its own rate; trusted requesters (laneTrusted: callers already known to
-// be allowed to impersonate) skip the shared bucket, so no one else can
+// be allowed to impersonate users or groups) skip the shared bucket, so no one else can
 // starve them; reviews of laneRecent take only from the reserved bucket,
 // which nothing else spends. At most maxRequesters buckets are kept (LRU);
 // a requester pushed out starts again with a full bucket. The state per

@@ -18,6 +18,7 @@ import (
 	"gopkg.in/go-jose/go-jose.v2/jwt"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -51,7 +52,7 @@ func (s *testIssuerServer) publish(kid string, k *rsa.PrivateKey) {
 	s.keys.Keys = append(s.keys.Keys, jose.JSONWebKey{Key: &k.PublicKey, KeyID: kid, Algorithm: "RS256", Use: "sig"})
 }
 
-func newKey(t *testing.T) *rsa.PrivateKey {
+func newKey(t testing.TB) *rsa.PrivateKey {
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +61,7 @@ func newKey(t *testing.T) *rsa.PrivateKey {
 }
 
 // saToken signs a service-account token like kube-apiserver's TokenRequest.
-func saToken(t *testing.T, k *rsa.PrivateKey, kid, issuer, aud string, exp time.Time) string {
+func saToken(t testing.TB, k *rsa.PrivateKey, kid, issuer, aud string, exp time.Time) string {
 	t.Helper()
 	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: k}, (&jose.SignerOptions{}).WithHeader("kid", kid))
 	if err != nil {
@@ -80,23 +81,32 @@ func saToken(t *testing.T, k *rsa.PrivateKey, kid, issuer, aud string, exp time.
 	return tok
 }
 
-func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clk := clocktesting.NewFakeClock(t0)
-	issuer := &testIssuerServer{}
-	key, other := newKey(t), newKey(t)
-	issuer.publish("k1", key)
+// verifierOf serves issuer and returns local verification against it,
+// with its keys fetched, verified tokens remembered for cacheTTL, and
+// their objects checked with bound (nil: not checked).
+func verifierOf(t testing.TB, issuer *testIssuerServer, clk clock.PassiveClock, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
+	t.Helper()
 	srv := httptest.NewServer(issuer)
 	t.Cleanup(srv.Close)
 	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, 10*time.Second, nil)
-	ctx := context.Background()
-	if err := sa.refresh(ctx); err != nil {
+	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, cacheTTL, bound)
+	if err := sa.refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return sa
+}
+
+func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	issuer := &testIssuerServer{}
+	key, other := newKey(t), newKey(t)
+	issuer.publish("k1", key)
+	sa := verifierOf(t, issuer, clk, 10*time.Second, nil)
+	ctx := context.Background()
 	exp := t0.Add(time.Hour)
 	good := saToken(t, key, "k1", testIssuer, testIssuer, exp)
 
@@ -234,17 +244,8 @@ func TestServiceAccountTokenVerdictsCached(t *testing.T) {
 	issuer := &testIssuerServer{}
 	key := newKey(t)
 	issuer.publish("k1", key)
-	srv := httptest.NewServer(issuer)
-	t.Cleanup(srv.Close)
-	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, time.Minute, nil)
+	sa := verifierOf(t, issuer, clk, time.Minute, nil)
 	ctx := context.Background()
-	if err := sa.refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
 	exp := t0.Add(30 * time.Second)
 	good := saToken(t, key, "k1", testIssuer, testIssuer, exp)
 	first, v := sa.verify(ctx, good, t0)

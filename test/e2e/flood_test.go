@@ -89,7 +89,7 @@ func forge(token string) string {
 
 // A flood of random tokens must not lock valid
 // clients out, and must not become a flood of TokenReviews. Twenty
-// goroutines on another loopback address send random tokens (opaque
+// goroutines on another loopback network send random tokens (opaque
 // strings, and forged JWTs naming the API server's issuer and key) as fast
 // as they can for 30 s to two proxies: one verifying service-account
 // tokens locally (the default) and one that reviews every token. Meanwhile
@@ -103,7 +103,10 @@ func TestRandomTokenFloodDoesNotLockOutValidClients(t *testing.T) {
 	local := startProxyWith(t, nil, generous("everyone", 100))
 	reviewing := startProxyWith(t, func(o *proxy.Options) { o.LocalServiceAccountTokens = new(bool) }, generous("everyone", 100))
 	path := "/api/v1/namespaces/" + ns + "/pods"
-	valid := map[string]*http.Client{"local": local.clientFrom("127.0.0.1"), "reviewing": reviewing.clientFrom("127.0.0.1")}
+	// The valid clients are on another network than the flood's: TokenReview
+	// buckets are per /24 (a new token from the flooding network waits
+	// with it; TestTokenReviewBucketsArePerNetwork).
+	valid := map[string]*http.Client{"local": local.clientFrom("127.0.1.1"), "reviewing": reviewing.clientFrom("127.0.1.1")}
 	urls := map[string]string{"local": local.URL, "reviewing": reviewing.URL}
 	before := apiServerRequests(t, "tokenreviews", "POST")
 	for name, c := range valid { // the "seen" token is now cached (reviewing) or its key known (local)

@@ -154,10 +154,21 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 	if !allows(role.Object["rules"], "", "pods", "list") {
 		t.Errorf("manager Role does not allow list pods: %v", role.Object["rules"])
 	}
-	for _, verb := range []string{"get", "list", "watch"} {
+	for _, verb := range []string{"list", "watch"} {
 		if allows(cr.Object["rules"], "", "pods", verb) {
 			t.Errorf("ClusterRole allows %s pods cluster-wide; pods belong in the namespaced Role", verb)
 		}
+	}
+	// Local token verification gets, one at a time, the service account,
+	// pod or node a token names (as kube-apiserver checks they still
+	// exist), in any namespace; secrets never.
+	for _, resource := range []string{"serviceaccounts", "pods", "nodes"} {
+		if !allows(cr.Object["rules"], "", resource, "get") {
+			t.Errorf("ClusterRole does not allow get %s", resource)
+		}
+	}
+	if allows(cr.Object["rules"], "", "secrets", "get") {
+		t.Errorf("ClusterRole allows get secrets")
 	}
 	// Scrapers of /metrics need get on the non-resource URL, nothing else.
 	reader := find(t, objs, "ClusterRole", "watchgate-metrics-reader")
