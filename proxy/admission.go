@@ -127,6 +127,7 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classifica
 		ResourceVersion:      c.ResourceVersion,
 		ResourceVersionMatch: c.ResourceVersionMatch,
 		SendInitialEvents:    c.SendInitialEvents,
+		QueryRefused:         c.QueryRefused,
 		Impersonated:         impersonatedFrom(r.Context()),
 	}
 	if req.Impersonated {

@@ -35,6 +35,10 @@ type classification struct {
 	// TimeoutSeconds is the watch timeout the client asked for; 0 when
 	// unset or malformed.
 	TimeoutSeconds int64
+	// QueryRefused is true when the API server refuses the query of this
+	// list or watch with 400 before looking at the version (a selector,
+	// timeoutSeconds or limit that does not parse).
+	QueryRefused bool
 }
 
 // sendInitialEventsParam reads sendInitialEvents as kube-apiserver's
@@ -59,10 +63,10 @@ var trueValue, falseValue = true, false
 // fromVersion reports whether c is a watch that kube-apiserver answers
 // 410 Expired when its resourceVersion is too old, whatever its
 // configuration (see ratelimit.Request): an explicit version without
-// sendInitialEvents and resourceVersionMatch.
+// sendInitialEvents and resourceVersionMatch, in a query that decodes.
 func (c *classification) fromVersion() bool {
 	return c.Verb == ratelimit.VerbWatch && c.SendInitialEvents == nil && c.ResourceVersionMatch == "" &&
-		c.ResourceVersion != "" && c.ResourceVersion != "0"
+		c.ResourceVersion != "" && c.ResourceVersion != "0" && !c.QueryRefused
 }
 
 // newRequestInfoFactory knows kube-apiserver's URL layout: /api for the
@@ -82,7 +86,7 @@ func newRequestInfoFactory() *request.RequestInfoFactory {
 // which is what it is.
 func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogger) (*classification, *request.RequestInfo, error) {
 	q := r.URL.Query()
-	info, err := requestInfo(f, r, q, logs)
+	info, queryOK, err := requestInfo(f, r, q, logs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -96,6 +100,7 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogge
 		ResourceVersionMatch: q.Get("resourceVersionMatch"),
 	}
 	c.SendInitialEvents = sendInitialEventsParam(q)
+	c.QueryRefused = !queryOK
 	if t, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && t > 0 {
 		c.TimeoutSeconds = t
 	}
@@ -129,20 +134,26 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogge
 // timeoutSeconds or limit, a selector that does not parse), and on failure
 // the factory's fallback applies (the watch parameter read loosely, no
 // name). FuzzClassification checks the result against the factory's.
-func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, logs *sampledLogger) (*request.RequestInfo, error) {
+//
+// queryOK is false when the query of a collection GET does not decode.
+func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, logs *sampledLogger) (info *request.RequestInfo, queryOK bool, err error) {
 	if r.URL.RawQuery == "" {
-		return f.NewRequestInfo(r)
+		info, err = f.NewRequestInfo(r)
+		return info, true, err
 	}
-	info, err := f.NewRequestInfo(&http.Request{Method: r.Method, URL: &url.URL{Path: r.URL.Path}})
+	info, err = f.NewRequestInfo(&http.Request{Method: r.Method, URL: &url.URL{Path: r.URL.Path}})
 	if err != nil {
 		// The same error; the factory's message names the whole URL.
-		return f.NewRequestInfo(r)
+		info, err = f.NewRequestInfo(r)
+		return info, true, err
 	}
+	queryOK = true
 	switch info.Verb {
 	case "list":
 		// A GET of a collection: the query says list or watch.
 		watch, name, perr := listQuery(q)
 		if perr != nil {
+			queryOK = false
 			logs.Info("Cannot parse the query of a request", "path", boundedForLog(r.URL.Path),
 				"query", boundedForLog(r.URL.RawQuery), "err", boundedForLog(perr.Error()))
 			watch, name = false, ""
@@ -164,7 +175,7 @@ func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, l
 	case "deletecollection":
 		copySelectors(info, q)
 	}
-	return info, nil
+	return info, queryOK, nil
 }
 
 // listQuery reads q as metainternalversionscheme.ParameterCodec decodes it

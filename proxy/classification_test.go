@@ -145,3 +145,33 @@ func TestUnparsableSelectorLogIsBounded(t *testing.T) {
 		t.Errorf("proxy logged %d lines (%d bytes in all), want one bounded line", len(lines), len(strings.Join(lines, "")))
 	}
 }
+
+// Only a watch from an explicit version without sendInitialEvents and
+// resourceVersionMatch can be answered locally from the stale memory, and
+// only such watches are held for another from the same version.
+func TestFromVersion(t *testing.T) {
+	for query, want := range map[string]bool{
+		"watch=true&resourceVersion=42":                                                           true,
+		"watch=true&resourceVersion=42&allowWatchBookmarks=true&timeoutSeconds=300":               true,
+		"watch=true&resourceVersion=42&sendInitialEvents=true&resourceVersionMatch=NotOlderThan":  false,
+		"watch=true&resourceVersion=42&sendInitialEvents=false&resourceVersionMatch=NotOlderThan": false,
+		"watch=true&resourceVersion=42&resourceVersionMatch=Exact":                                false,
+		"watch=true&resourceVersion=42&resourceVersionMatch=NotOlderThan":                         false,
+		"watch=true&resourceVersion=42&sendInitialEvents=true":                                    false,
+		"watch=true&resourceVersion=42&sendInitialEvents=":                                        false,
+		"watch=true&resourceVersion=0":                                                            false,
+		"watch=true":                                                                              false,
+		"resourceVersion=42":                                                                      false, // a list
+	} {
+		c, _, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns/configmaps?"+query, nil), discardLogs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.fromVersion(); got != want {
+			t.Errorf("%s: fromVersion %v, want %v", query, got, want)
+		}
+		if _, held := coalescingKey(c); held != want {
+			t.Errorf("%s: held for its twins %v, want %v", query, held, want)
+		}
+	}
+}

@@ -45,10 +45,25 @@
 // read, without a goroutine or a buffer per idle watch and without holding
 // the stream back, and decodes with apimachinery's serializer only frames
 // that can be ERROR events; a frame over MaxInspectedFrameBytes (4 MiB) ends
-// inspection of that stream. An ERROR event with code 410 teaches the engine
+// inspection of that stream. A gzip-encoded stream (kube-apiserver's
+// watch-lists to clients that accept gzip: one gzip member per flush) is
+// inflated, a copy, member by member (gzipinspector.go), bounded per
+// stream (MaxInflatedBytesPerStream), per read and by ratio; the inflater
+// is pooled and taken only while a member inflates. An ERROR event with code 410 teaches the engine
 // that the request's resourceVersion is stale, and the end of every watch
 // (how long it lived and whether it failed; a 401/403 is "denied", not a
 // failure) goes to engine.WatchEnded exactly once.
+//
+// A stale version is answered locally only for a watch the API server
+// answers 410 when its version is too old, whatever its configuration:
+// one without sendInitialEvents and resourceVersionMatch (watch-lists and
+// invalid combinations go upstream; classification.fromVersion).
+//
+// The upstream transport (upstream.go) shares HTTP/2 connections among all
+// callers, opens another connection when the API server's stream limit per
+// connection is reached instead of waiting for a stream, and sizes its
+// flow-control windows so that slow clients' unread streams cannot stall
+// a connection; Server.UpstreamConnections counts the connections.
 //
 // Concurrent watches from one explicit resourceVersion ask the API server
 // once: request coalescing with hand-over (coalescing.go). The first watch

@@ -15,8 +15,9 @@ import (
 // kube-apiserver sends it to a client that accepts gzip (a gzip member per
 // event, flushed; the members are encoded once, beforehand) from an
 // httptest upstream through a bare httputil.ReverseProxy and through
-// watchgate's whole chain, which inflates a copy to inspect it. The client
-// reads the encoded bytes. It reports wall and CPU time per event (client,
+// watchgate's whole chain, which inflates a copy to inspect it, and, for
+// scale, the same events unencoded through watchgate (watchgate-identity).
+// The client reads the encoded bytes. It reports wall and CPU time per event (client,
 // proxy and upstream in one process: the difference between the two is
 // the proxy's).
 //
@@ -24,7 +25,7 @@ import (
 func BenchmarkGzipWatchThroughProxy(b *testing.B) {
 	const events = 3000
 	plain := benchEvents(events)
-	var members [][]byte
+	var members, lines [][]byte
 	w, _ := gzip.NewWriterLevel(nil, 1)
 	for len(plain) > 0 {
 		i := bytes.IndexByte(plain, '\n') + 1
@@ -33,7 +34,7 @@ func BenchmarkGzipWatchThroughProxy(b *testing.B) {
 		_, _ = w.Write(plain[:i])
 		_ = w.Flush()
 		_ = w.Close()
-		members = append(members, m.Bytes())
+		members, lines = append(members, m.Bytes()), append(lines, plain[:i])
 		plain = plain[i:]
 	}
 	size := 0
@@ -42,9 +43,13 @@ func BenchmarkGzipWatchThroughProxy(b *testing.B) {
 	}
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Encoding", "gzip")
+		send := lines
+		if r.Header.Get("Accept-Encoding") == "gzip" {
+			w.Header().Set("Content-Encoding", "gzip")
+			send = members
+		}
 		w.WriteHeader(200)
-		for _, m := range members {
+		for _, m := range send {
 			_, _ = w.Write(m)
 			w.(http.Flusher).Flush()
 		}
@@ -53,19 +58,31 @@ func BenchmarkGzipWatchThroughProxy(b *testing.B) {
 	target, _ := url.Parse(upstream.URL)
 	bare := httptest.NewServer(bareReverseProxy(target))
 	b.Cleanup(bare.Close)
+	plainSize := 0
+	for _, l := range lines {
+		plainSize += len(l)
+	}
+	watchgate := newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL
 	for _, via := range []struct {
-		name string
-		url  string
-	}{{"bare", bare.URL}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL}} {
+		name    string
+		url     string
+		encoded bool
+	}{{"bare", bare.URL, true}, {"watchgate", watchgate, true}, {"watchgate-identity", watchgate, false}} {
 		b.Run(via.name, func(b *testing.B) {
 			client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+			size := size
+			if !via.encoded {
+				size = plainSize
+			}
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			cpu0 := cpuTime()
 			for b.Loop() {
 				req, _ := http.NewRequest(http.MethodGet, via.url+"/api/v1/namespaces/bench/configmaps?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", nil)
 				req.Header.Set("Authorization", "Bearer alice")
-				req.Header.Set("Accept-Encoding", "gzip")
+				if via.encoded {
+					req.Header.Set("Accept-Encoding", "gzip")
+				}
 				resp, err := client.Do(req)
 				if err != nil {
 					b.Fatal(err)

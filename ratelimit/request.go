@@ -38,6 +38,10 @@ type Request struct {
 	// server answers a too old version with 410 Expired (fromVersion).
 	ResourceVersionMatch string
 	SendInitialEvents    *bool
+	// QueryRefused is true when the API server refuses the request's
+	// query with 400 before its version matters (a selector or number
+	// that does not parse): it is never answered stale locally.
+	QueryRefused bool
 	// Impersonated is true when User and Groups are an identity the caller
 	// impersonates (and may), false when they are the caller's own.
 	Impersonated bool
@@ -68,10 +72,10 @@ func (r *Request) initialState() bool {
 // resourceVersionMatch=NotOlderThan) from its watch cache whatever the
 // version, and from etcd it answers 410; sendInitialEvents=false with
 // NotOlderThan is answered 410 where the WatchList feature is on and 422
-// where it is off; every other combination gets 422. Those go to the API
-// server.
+// where it is off; every other combination gets 422, and a query that does
+// not decode 400. Those go to the API server.
 func (r *Request) fromVersion() bool {
-	return r.SendInitialEvents == nil && r.ResourceVersionMatch == ""
+	return r.SendInitialEvents == nil && r.ResourceVersionMatch == "" && !r.QueryRefused
 }
 
 // Reason says why a request was, or in DryRun would have been, rejected.

@@ -281,6 +281,8 @@ func TestTimelines(t *testing.T) {
 				ok(0, watchWith("7", "Exact", "")),
 				ok(0, watchWith("7", "NotOlderThan", "")),
 				ok(0, watchWith("7", "", "true")),
+				// Refused 400 for its query.
+				ok(0, func() *Request { r := watchFrom("7"); r.QueryRefused = true; return r }()),
 			},
 		},
 		"with backoff disabled a client looping on a stale version is answered about once a second": {

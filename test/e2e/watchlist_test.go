@@ -140,8 +140,8 @@ func TestWatchListErrorInsideGzipIsSeen(t *testing.T) {
 
 // For every combination of resourceVersion ("", "0", a valid one, one the
 // proxy learned is stale), resourceVersionMatch ("", NotOlderThan, Exact)
-// and sendInitialEvents (absent, true, false), the proxy answers as the API
-// server does: the same HTTP status and the same first event (type, and
+// and sendInitialEvents (absent, true, false), and for a query the API
+// server refuses, the proxy answers as the API server does: the same HTTP status and the same first event (type, and
 // code of an ERROR), whether it answers locally or forwards.
 func TestWatchParametersAnsweredAsTheAPIServerDoes(t *testing.T) {
 	ns := uniqueName("params")
@@ -159,18 +159,22 @@ func TestWatchParametersAnsweredAsTheAPIServerDoes(t *testing.T) {
 		t.Fatalf("a plain watch from the stale version through the proxy: %v, want an ERROR 410", got)
 	}
 
-	type combo struct{ rv, match, initial string }
+	type combo struct {
+		rv, match, initial string
+		badSelector        bool // a labelSelector that does not parse: 400
+	}
 	var combos []combo
 	for _, rv := range []string{"", "0", valid, stale} {
 		for _, match := range []string{"", "NotOlderThan", "Exact"} {
 			for _, initial := range []string{"", "true", "false"} {
-				combos = append(combos, combo{rv, match, initial})
+				combos = append(combos, combo{rv, match, initial, false})
 			}
 		}
 	}
+	combos = append(combos, combo{stale, "", "", true}, combo{valid, "", "", true})
 	name := func(c combo) string {
 		rv := map[string]string{"": `""`, "0": `"0"`, valid: "valid", stale: "stale"}[c.rv]
-		return fmt.Sprintf("rv=%s match=%q sendInitialEvents=%q", rv, c.match, c.initial)
+		return fmt.Sprintf("rv=%s match=%q sendInitialEvents=%q badSelector=%v", rv, c.match, c.initial, c.badSelector)
 	}
 	type result struct{ direct, via watchAnswer }
 	results := make([]result, len(combos))
@@ -185,6 +189,9 @@ func TestWatchParametersAnsweredAsTheAPIServerDoes(t *testing.T) {
 		}
 		if c.initial != "" {
 			q.Set("sendInitialEvents", c.initial)
+		}
+		if c.badSelector {
+			q.Set("labelSelector", "!!")
 		}
 		wg.Go(func() {
 			results[i].direct = rawWatch(t, nil, sa.Token, path, q, true, 5*time.Second)
