@@ -238,9 +238,9 @@ type Limits struct {
 	MaxConcurrentWatches *int32 `json:"maxConcurrentWatches,omitempty"`
 
 	// initialStateCost is the number of tokens, from the watch bucket, that
-	// a watch asking for initial state takes (no resourceVersion,
-	// resourceVersion "0", or sendInitialEvents=true), because it costs the
-	// API server a LIST. Must not exceed watchBurst. Between 1 and 1000;
+	// a watch asking for initial state takes (sendInitialEvents=true, or no
+	// resourceVersion or resourceVersion "0" without
+	// sendInitialEvents=false), because it costs the API server a LIST. Must not exceed watchBurst. Between 1 and 1000;
 	// default 1.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000

@@ -21,9 +21,9 @@ type LimitsApplyConfiguration struct {
 	// default 0.
 	MaxConcurrentWatches *int32 `json:"maxConcurrentWatches,omitempty"`
 	// initialStateCost is the number of tokens, from the watch bucket, that
-	// a watch asking for initial state takes (no resourceVersion,
-	// resourceVersion "0", or sendInitialEvents=true), because it costs the
-	// API server a LIST. Must not exceed watchBurst. Between 1 and 1000;
+	// a watch asking for initial state takes (sendInitialEvents=true, or no
+	// resourceVersion or resourceVersion "0" without
+	// sendInitialEvents=false), because it costs the API server a LIST. Must not exceed watchBurst. Between 1 and 1000;
 	// default 1.
 	InitialStateCost *int32 `json:"initialStateCost,omitempty"`
 	// listsPerMinute is the rate, in lists per minute, at which an identity's
