@@ -49,7 +49,7 @@ func TestWarningLimiterTimeline(t *testing.T) {
 		// Everyone idle: all forgotten.
 		{at(10 * interval), "dave", "b1", true, 1},
 	} {
-		if got := l.allow(step.at, step.user, step.budget); got != step.want {
+		if got := l.allow(step.at, step.user, step.budget, nil); got != step.want {
 			t.Errorf("step %d (%s about %s at +%s): allow = %v, want %v", i, step.user, step.budget, step.at.Sub(t0), got, step.want)
 		}
 		if got := l.len(); got != step.remembered {
@@ -62,12 +62,52 @@ func TestWarningLimiterStaysBounded(t *testing.T) {
 	l := newWarningLimiter(time.Hour, 100)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 10000 {
-		if !l.allow(now, fmt.Sprintf("user-%d-%s", i, strings.Repeat("x", 1000)), "b") {
+		if !l.allow(now, fmt.Sprintf("user-%d-%s", i, strings.Repeat("x", 1000)), "b", &rejection{}) {
 			t.Fatalf("user %d, never warned before, was held back", i)
 		}
 	}
 	if got := l.len(); got != 100 {
 		t.Errorf("%d pairs remembered, want the bound 100", got)
+	}
+	if got := l.owing.Load(); got != 100 {
+		t.Errorf("%d pairs owe a repeat, want 100 (those remembered)", got)
+	}
+}
+
+func TestWarningLimiterOwesARetriedRejectionOnce(t *testing.T) {
+	l := newWarningLimiter(time.Minute, 10)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := &rejection{verb: ratelimit.VerbList, reason: ratelimit.ReasonRateLimited, retryAfterSeconds: 35}
+	if _, ok := l.owed("alice", "b"); ok {
+		t.Fatal("owed before any warning")
+	}
+	if !l.allow(t0, "alice", "b", r) {
+		t.Fatal("first warning held back")
+	}
+	if _, ok := l.owed("bob", "b"); ok {
+		t.Error("bob owed alice's rejection")
+	}
+	if _, ok := l.owed("alice", "other"); ok {
+		t.Error("alice owed a rejection under another budget")
+	}
+	if got, ok := l.owed("alice", "b"); !ok || got != *r {
+		t.Errorf("owed = %+v, %v; want %+v", got, ok, *r)
+	}
+	if _, ok := l.owed("alice", "b"); ok {
+		t.Error("owed twice")
+	}
+	// A 429 within the interval is not warned, so it owes nothing either.
+	if l.allow(t0.Add(time.Second), "alice", "b", r) {
+		t.Error("second warning within the interval")
+	}
+	if _, ok := l.owed("alice", "b"); ok {
+		t.Error("owed a rejection that was not warned")
+	}
+	// Forgotten when idle.
+	l.allow(t0.Add(2*time.Minute), "alice", "b", r)
+	l.allow(t0.Add(4*time.Minute), "bob", "b", nil)
+	if _, ok := l.owed("alice", "b"); ok || l.owing.Load() != 0 {
+		t.Errorf("an idle pair's repeat kept (%d owing)", l.owing.Load())
 	}
 }
 
@@ -112,7 +152,8 @@ func TestWarningText(t *testing.T) {
 
 // The Warning header reaches the client on a DryRun allow, a 429 and a
 // local stale answer, once per identity and budget within the interval,
-// and one identity's warning does not hold back another's.
+// one identity's warning does not hold back another's, and a 429's is
+// repeated on the next admitted request.
 func TestWarningsReachTheClient(t *testing.T) {
 	var decision atomic.Pointer[ratelimit.Decision]
 	engine := &fakeEngine{decide: func(*ratelimit.Request) ratelimit.Decision { return *decision.Load() }}
@@ -162,6 +203,12 @@ func TestWarningsReachTheClient(t *testing.T) {
 			`299 watchgate budget "dry" (DryRun) would have rejected this list: too many watch or list requests`},
 		{ratelimit.Decision{Reason: ratelimit.ReasonRateLimited, Budget: "strict", RetryAfter: 35 * time.Second}, "alice", "", 429,
 			`299 watchgate budget "strict" rejected this list: too many watch or list requests; retry after 35s`},
+		// client-go retries that 429 without showing it: the next admitted
+		// request under that budget repeats it, once.
+		{ratelimit.Decision{Allowed: true, Budget: "other"}, "alice", "", 200, ""},
+		{ratelimit.Decision{Allowed: true, Budget: "strict"}, "alice", "", 200,
+			`299 watchgate budget "strict" rejected an earlier list: too many watch or list requests; retried after 35s`},
+		{ratelimit.Decision{Allowed: true, Budget: "strict"}, "alice", "", 200, ""},
 		{ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "stale"}, "alice", "?watch=true&resourceVersion=5", 200,
 			`299 watchgate budget "stale" answered this watch with 410 Expired: resubscribing with a resourceVersion the API server declared too old; list again, then watch from the list's resourceVersion`},
 	} {
