@@ -74,6 +74,27 @@ func TestKubectlGetShowsTheColumns(t *testing.T) {
 	if !strings.Contains(wide, "PRECEDENCE") || !strings.Contains(wide, "77") {
 		t.Errorf("-o wide does not show the precedence:\n%s", wide)
 	}
+
+	// An Exempt budget ignores its limits: "-", not the defaults.
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubectl-exempt"},
+		Spec: v1alpha1.WatchBudgetSpec{
+			Precedence:  78,
+			Enforcement: v1alpha1.EnforcementExempt,
+			Subjects:    []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "kubectl-exempt"}},
+		},
+	})
+	eventually(t, reloadDeadline, "the Exempt budget's row", func() error {
+		out, err := env.Kubectl(ctx, "get", "wb", "kubectl-exempt", "--no-headers")
+		if err != nil {
+			return err
+		}
+		row := strings.Fields(out)
+		if want := []string{"kubectl-exempt", "Exempt", "Any", "-", "-", "-"}; len(row) < len(want) || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
+			return fmt.Errorf("row = %q, want it to start with %q", row, want)
+		}
+		return nil
+	})
 }
 
 // `kubectl explain` is a manual: every field documented, with units,

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -19,9 +20,9 @@ import (
 const maxConditionMessage = 32768
 
 // ReadyReconciler maintains the status fields that are about the budget as
-// a whole: the Ready condition and the sums over the replicas' entries
-// (status.activeWatches, status.recentRejections) that `kubectl get wb`
-// shows. It runs on the leader only, so one writer owns these fields
+// a whole: the Ready condition, the sums over the replicas' entries
+// (status.activeWatches, status.recentRejections) and the limits as
+// `kubectl get wb` shows them (status.limits, "-" when Exempt). It runs on the leader only, so one writer owns these fields
 // (field manager watchgate-controller, server-side apply). Without leader
 // election every replica runs it; they then compute the same values from
 // the same objects and apply them under the same field manager, which is
@@ -62,15 +63,21 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	meta.SetStatusCondition(&conds, ready)
 	ready = *meta.FindStatusCondition(conds, v1alpha1.ConditionReady)
 	active, recent := sums(wb.Status.Replicas)
+	limits := shownLimits(&wb.Spec)
 
 	old := meta.FindStatusCondition(wb.Status.Conditions, v1alpha1.ConditionReady)
-	if old != nil && sameCondition(*old, ready) && wb.Status.ActiveWatches == active && wb.Status.RecentRejections == recent {
+	if old != nil && sameCondition(*old, ready) && wb.Status.ActiveWatches == active && wb.Status.RecentRejections == recent &&
+		wb.Status.Limits != nil && *wb.Status.Limits == limits {
 		return ctrl.Result{}, nil
 	}
 	status := wbac.WatchBudgetStatus().
 		WithConditions(conditionApply(ready)).
 		WithActiveWatches(active).
-		WithRecentRejections(recent)
+		WithRecentRejections(recent).
+		WithLimits(wbac.ShownLimits().
+			WithWatchOpensPerMinute(limits.WatchOpensPerMinute).
+			WithWatchBurst(limits.WatchBurst).
+			WithMaxConcurrentWatches(limits.MaxConcurrentWatches))
 	return ctrl.Result{}, client.IgnoreNotFound(applyStatus(ctx, r.Client, wb.Name, status, fieldOwnerController))
 }
 
@@ -93,6 +100,23 @@ func readyCondition(wb *v1alpha1.WatchBudget, now time.Time) metav1.Condition {
 		}
 	}
 	return c
+}
+
+// shownLimits are spec's limits as text: "-" for each when the budget is
+// Exempt, which ignores them; "" for one the spec leaves unset (the API
+// server defaults them all).
+func shownLimits(spec *v1alpha1.WatchBudgetSpec) v1alpha1.ShownLimits {
+	if spec.Enforcement == v1alpha1.EnforcementExempt {
+		return v1alpha1.ShownLimits{WatchOpensPerMinute: "-", WatchBurst: "-", MaxConcurrentWatches: "-"}
+	}
+	show := func(v *int32) string {
+		if v == nil {
+			return ""
+		}
+		return strconv.Itoa(int(*v))
+	}
+	l := &spec.Limits
+	return v1alpha1.ShownLimits{WatchOpensPerMinute: show(l.WatchOpensPerMinute), WatchBurst: show(l.WatchBurst), MaxConcurrentWatches: show(l.MaxConcurrentWatches)}
 }
 
 // sameCondition compares what a condition says, timestamps aside.

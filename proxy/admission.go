@@ -35,6 +35,9 @@ type admission struct {
 	// guard, when not nil, shares the replica's watches among the callers
 	// (see watchGuard); it decides after the budget.
 	guard *watchGuard
+	// warnings, when not nil, limits the Warning headers that tell clients
+	// what a budget did (see warn).
+	warnings *warningLimiter
 }
 
 // withAdmission decides every budgeted request (see classify) with the
@@ -103,7 +106,8 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 
 // decide asks the engine about the request classified c on behalf of id,
 // counts and names the decision (metrics, X-Watchgate-Decision, a sampled
-// log line for anything but a plain allow) and returns it.
+// log line and a rate-limited Warning header for anything but a plain
+// allow) and returns it.
 //
 // It is a function of its own, kept out of line, so that the request and
 // the log line's arguments take stack space only while it runs: a watch's
@@ -143,6 +147,7 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classifica
 	if d.Budget != "" {
 		w.Header().Set(DecisionHeader, decisionHeader(d))
 	}
+	a.warn(w, start, id.GetName(), c.Verb, &d)
 	if d.Reason != ratelimit.ReasonNone {
 		a.log.Info("Decision", "decision", decision, "reason", d.Reason, "budget", d.Budget, "user", id.GetName(),
 			"verb", verb, "group", c.APIGroup, "resource", c.Resource, "namespace", c.Namespace,

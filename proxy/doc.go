@@ -21,8 +21,10 @@
 //	withAdmission       coalescing.go, then engine.Decide: stale version → 200 with one ERROR/410
 //	                    event in the client's framing; over budget → 429 Status + Retry-After
 //	                    after a short bounded delay; X-Watchgate-Decision on every budgeted
-//	                    answer. Then an admitted watch asks the watch guard (watchguard.go) for
-//	                    a place on the replica: 503 above --memory-high-water-percent of
+//	                    answer; a Warning: 299 header when a budget (DryRun too) says no, once
+//	                    a minute per identity and budget (warnings.go). Then an admitted
+//	                    watch asks the watch guard (watchguard.go) for a place on the
+//	                    replica: 503 above --memory-high-water-percent of
 //	                    GOMEMLIMIT, 429 at --max-watches, at --max-watches-per-identity, and
 //	                    near either limit beyond the caller's fair share
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an

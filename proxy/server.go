@@ -129,7 +129,8 @@ func NewServer(opts Options) (*Server, error) {
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
 		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
-		guard: newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock),
+		guard:    newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock),
+		warnings: newWarningLimiter(warningInterval, maxWarnedIdentities),
 	}
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{

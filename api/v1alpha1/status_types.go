@@ -44,6 +44,11 @@ type WatchBudgetStatus struct {
 	// +optional
 	RecentRejections int64 `json:"recentRejections"`
 
+	// limits are spec.limits as `kubectl get` shows them, written by the
+	// leader: "-" for each when the budget is Exempt, which ignores them.
+	// +optional
+	Limits *ShownLimits `json:"limits,omitempty"`
+
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
@@ -54,6 +59,25 @@ type WatchBudgetStatus struct {
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Replicas []ReplicaStatus `json:"replicas,omitempty"`
+}
+
+// ShownLimits are a budget's limits as text for `kubectl get`'s columns:
+// the number from spec.limits, or "-" when the budget ignores it.
+type ShownLimits struct {
+	// watchOpensPerMinute is spec.limits.watchOpensPerMinute, or "-".
+	// +kubebuilder:validation:MaxLength=16
+	// +optional
+	WatchOpensPerMinute string `json:"watchOpensPerMinute,omitempty"`
+
+	// watchBurst is spec.limits.watchBurst, or "-".
+	// +kubebuilder:validation:MaxLength=16
+	// +optional
+	WatchBurst string `json:"watchBurst,omitempty"`
+
+	// maxConcurrentWatches is spec.limits.maxConcurrentWatches, or "-".
+	// +kubebuilder:validation:MaxLength=16
+	// +optional
+	MaxConcurrentWatches string `json:"maxConcurrentWatches,omitempty"`
 }
 
 // ReplicaStatus is one proxy replica's live view of a budget.

@@ -20,9 +20,9 @@ import (
 // +kubebuilder:resource:scope=Cluster,shortName=wb,categories=watchgate
 // +kubebuilder:printcolumn:name="Enforcement",type=string,JSONPath=`.spec.enforcement`,description="What the budget does with requests over budget: Enforce, DryRun or Exempt."
 // +kubebuilder:printcolumn:name="Requests",type=string,JSONPath=`.spec.impersonation`,description="Which requests the budget matches: Any, Impersonated (the users behind an agent) or Direct (callers in their own name)."
-// +kubebuilder:printcolumn:name="Opens/min",type=integer,JSONPath=`.spec.limits.watchOpensPerMinute`,description="Watch opens per minute per identity (0: unlimited)."
-// +kubebuilder:printcolumn:name="Burst",type=integer,JSONPath=`.spec.limits.watchBurst`,description="Watch opens an identity may make at once."
-// +kubebuilder:printcolumn:name="Max watches",type=integer,JSONPath=`.spec.limits.maxConcurrentWatches`,description="Watches an identity may hold open at once (0: no cap)."
+// +kubebuilder:printcolumn:name="Opens/min",type=string,JSONPath=`.status.limits.watchOpensPerMinute`,description="Watch opens per minute per identity (0: unlimited; -: Exempt ignores it)."
+// +kubebuilder:printcolumn:name="Burst",type=string,JSONPath=`.status.limits.watchBurst`,description="Watch opens an identity may make at once (-: Exempt ignores it)."
+// +kubebuilder:printcolumn:name="Max watches",type=string,JSONPath=`.status.limits.maxConcurrentWatches`,description="Watches an identity may hold open at once (0: no cap; -: Exempt ignores it)."
 // +kubebuilder:printcolumn:name="Aggregate",type=integer,JSONPath=`.spec.aggregate.maxConcurrentWatches`,description="Watches each caller may hold open for the users it impersonates, in sum (empty: no cap)."
 // +kubebuilder:printcolumn:name="Active",type=integer,JSONPath=`.status.activeWatches`,description="Watches open right now, over all proxy replicas."
 // +kubebuilder:printcolumn:name="Rejections",type=integer,JSONPath=`.status.recentRejections`,description="Requests rejected (or, in DryRun, that would have been) in the last 5 minutes, over all proxy replicas."

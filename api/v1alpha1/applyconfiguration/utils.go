@@ -28,6 +28,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ReplicaStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceRule"):
 		return &apiv1alpha1.ResourceRuleApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ShownLimits"):
+		return &apiv1alpha1.ShownLimitsApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StaleVersions"):
 		return &apiv1alpha1.StaleVersionsApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Subject"):

@@ -147,6 +147,18 @@ var schemaYAML = typed.YAMLObject(`types:
           elementType:
             scalar: string
           elementRelationship: atomic
+- name: com.github.watchgate.watchgate.api.v1alpha1.ShownLimits
+  map:
+    fields:
+    - name: maxConcurrentWatches
+      type:
+        scalar: string
+    - name: watchBurst
+      type:
+        scalar: string
+    - name: watchOpensPerMinute
+      type:
+        scalar: string
 - name: com.github.watchgate.watchgate.api.v1alpha1.StaleAction
   scalar: string
 - name: com.github.watchgate.watchgate.api.v1alpha1.StaleMatch
@@ -254,6 +266,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - type
+    - name: limits
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.ShownLimits
     - name: recentRejections
       type:
         scalar: numeric

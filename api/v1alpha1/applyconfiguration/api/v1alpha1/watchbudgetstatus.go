@@ -25,6 +25,9 @@ type WatchBudgetStatusApplyConfiguration struct {
 	// in DryRun, would have rejected) in the last 5 minutes, summed over the
 	// replicas' entries.
 	RecentRejections *int64 `json:"recentRejections,omitempty"`
+	// limits are spec.limits as `kubectl get` shows them, written by the
+	// leader: "-" for each when the budget is Exempt, which ignores them.
+	Limits *ShownLimitsApplyConfiguration `json:"limits,omitempty"`
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
@@ -65,6 +68,14 @@ func (b *WatchBudgetStatusApplyConfiguration) WithActiveWatches(value int64) *Wa
 // If called multiple times, the RecentRejections field is set to the value of the last call.
 func (b *WatchBudgetStatusApplyConfiguration) WithRecentRejections(value int64) *WatchBudgetStatusApplyConfiguration {
 	b.RecentRejections = &value
+	return b
+}
+
+// WithLimits sets the Limits field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Limits field is set to the value of the last call.
+func (b *WatchBudgetStatusApplyConfiguration) WithLimits(value *ShownLimitsApplyConfiguration) *WatchBudgetStatusApplyConfiguration {
+	b.Limits = value
 	return b
 }
 

@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watchgate/watchgate/ratelimit"
+	"github.com/watchgate/watchgate/test/apiserver"
+)
+
+// kubectl tells its user what a budget did: a DryRun budget that would have
+// rejected a list, and an Enforce budget that rejected one (which kubectl's
+// client-go retried by itself after Retry-After), each print a "Warning:"
+// line on stderr.
+func TestKubectlPrintsBudgetWarnings(t *testing.T) {
+	ns := uniqueName("warnings")
+	dry := serviceAccount(t, ns, "dry", readWatch("configmaps"))
+	strict := serviceAccount(t, ns, "strict", readWatch("configmaps"))
+	oneList := ratelimit.Limits{WatchOpensPerMinute: 600, WatchBurst: 100, ListsPerMinute: 6, ListBurst: 1}
+	p := startProxy(t,
+		ratelimit.Budget{
+			Name: "dry-lists", Precedence: 1, Enforcement: ratelimit.DryRun, Limits: oneList,
+			Subjects: []ratelimit.Subject{{Kind: ratelimit.ServiceAccount, Namespace: ns, Name: "dry"}},
+		},
+		ratelimit.Budget{
+			Name: "strict-lists", Precedence: 1, Enforcement: ratelimit.Enforce, Limits: oneList,
+			Subjects: []ratelimit.Subject{{Kind: ratelimit.ServiceAccount, Namespace: ns, Name: "strict"}},
+		},
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// kubectlStderr runs kubectl get configmaps as sa's token twice, at
+	// once, and returns the second run's stderr.
+	kubectlStderr := func(token string) string {
+		t.Helper()
+		kubeconfig, err := apiserver.WriteKubeconfig(p.Config(token, false), t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr string
+		for range 2 {
+			cmd := exec.CommandContext(ctx, filepath.Join(env.AssetsDir, "kubectl"), "--kubeconfig="+kubeconfig,
+				"get", "configmaps", "-n", ns, "-o", "name")
+			var errOut strings.Builder
+			cmd.Stderr = &errOut
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("kubectl get configmaps: %v: %s", err, errOut.String())
+			}
+			stderr = errOut.String()
+		}
+		return stderr
+	}
+
+	if got, want := kubectlStderr(dry.Token), `Warning: watchgate budget "dry-lists" (DryRun) would have rejected this list: too many watch or list requests`; !strings.Contains(got, want) {
+		t.Errorf("kubectl stderr under a DryRun budget = %q, want it to contain %q", got, want)
+	}
+	// The second list is rejected with a Retry-After of up to 10 s; client-go
+	// retries it silently, and the admitted retry repeats the rejection's
+	// warning.
+	if got, want := kubectlStderr(strict.Token), `Warning: watchgate budget "strict-lists" rejected an earlier list: too many watch or list requests; retried after `; !strings.Contains(got, want) {
+		t.Errorf("kubectl stderr under an Enforce budget = %q, want it to contain %q", got, want)
+	}
+}
