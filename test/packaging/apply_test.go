@@ -30,7 +30,7 @@ func TestHelmTemplateAppliesToTheAPIServer(t *testing.T) {
 			}
 			createNamespace(t, ns)
 			manifests := render(t, "watchgate", ns, args...)
-			find(t, decode(t, manifests), "Deployment", "")
+			find(t, decode(t, manifests), "Deployment", "watchgate")
 			applyDryRun(t, manifests)
 		})
 	}
