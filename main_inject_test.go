@@ -25,8 +25,15 @@ import (
 
 // With --webhook-port, run serves the injection webhook with the serving
 // certificate and publishes ca.crt beside --tls-cert-file (the Secret's
-// layout) into labelled namespaces.
+// layout) into labelled namespaces; with --mode=injector it does that and
+// nothing else (no proxy), and is ready once the webhook serves.
 func TestRunWithInjectionServesTheWebhookAndPublishesTheCA(t *testing.T) {
+	for _, mode := range []string{"all", "injector"} {
+		t.Run(mode, func(t *testing.T) { runWithInjection(t, mode) })
+	}
+}
+
+func runWithInjection(t *testing.T, mode string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -39,24 +46,25 @@ func TestRunWithInjectionServesTheWebhookAndPublishesTheCA(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ns := "main-inject-routed"
+	ns := "main-inject-routed-" + mode
 	if _, err := env.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{inject.LabelInject: inject.ValueEnabled}}}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
-	webhookAddr := freeAddr(t)
+	webhookAddr, proxyAddr, probeAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	_, webhookPort, _ := net.SplitHostPort(webhookAddr)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		done <- run(runCtx, []string{
+			"--mode", mode,
 			"--kubeconfig", env.Kubeconfig,
-			"--proxy-bind-address", freeAddr(t),
+			"--proxy-bind-address", proxyAddr,
 			"--metrics-bind-address", "0",
-			"--health-probe-bind-address", freeAddr(t),
+			"--health-probe-bind-address", probeAddr,
 			"--tls-cert-file", filepath.Join(dir, "tls.crt"),
 			"--tls-private-key-file", filepath.Join(dir, "tls.key"),
 			"--webhook-port", webhookPort,
-			"--pod-name", "main-inject-0",
+			"--pod-name", "main-inject-" + mode,
 			"--pod-namespace", "main-inject-own",
 			"--shutdown-grace-period", "1s",
 		})
@@ -124,5 +132,18 @@ func TestRunWithInjectionServesTheWebhookAndPublishesTheCA(t *testing.T) {
 	}
 	if answer.Response == nil || !answer.Response.Allowed || !strings.Contains(string(answer.Response.Patch), "watchgate.main-inject-own.svc.cluster.local") {
 		t.Errorf("webhook answer = %+v (patch %s), want allowed with a patch naming watchgate.main-inject-own.svc.cluster.local", answer.Response, answer.Response.Patch)
+	}
+
+	ready, err := http.Get("http://" + probeAddr + "/readyz")
+	if err != nil || ready.StatusCode != http.StatusOK {
+		t.Errorf("/readyz = %v %v, want 200", ready, err)
+	}
+	if ready != nil {
+		ready.Body.Close()
+	}
+	if c, err := net.DialTimeout("tcp", proxyAddr, 5*time.Second); (err == nil) != (mode == "all") {
+		t.Errorf("--mode=%s: proxy address %s dialled with error %v; the proxy runs only in mode all", mode, proxyAddr, err)
+	} else if err == nil {
+		c.Close()
 	}
 }

@@ -15,16 +15,28 @@
 //     left alone, with an annotation saying why. Routing is idempotent.
 //     The webhook's failurePolicy is Ignore: when watchgate is down, pods
 //     are created unrouted and talk to the API server directly.
+//     What one review may cost is bounded (AdmissionLimits, review.go): a
+//     body over 3 MiB gets 413 unread, a review that finds none of the two
+//     slots within a second 429, both failed calls for failurePolicy; the
+//     pod is decoded as podSubset (podsubset.go), only the fields routing
+//     reads, and the JSON patch is written from what routing changed.
 //   - CAPublisher (leader only), like kube-controller-manager's
 //     kube-root-ca.crt publisher: it keeps the ConfigMap watchgate-root-ca.crt
 //     (key ca.crt) in every namespace that has the label or routed pods, and
 //     rewrites it when the CA file (--ca-file) changes; kubelet refreshes the
 //     projected file, so clients trust a rotated CA without a restart.
 //
+// Both read from the injector's own cache (newLocalCache): namespaces' and
+// labelled pods' metadata, names and labels only, and the ConfigMaps named
+// watchgate-root-ca.crt; nothing else of the cluster.
+//
 // Which names the webhook never routes: kube-system and watchgate's own
 // namespace, whatever their labels say (its configuration also excludes
 // them, so the API server does not even call it).
 //
-// Route is pure and unit tested; the webhook and the publisher are tested
-// against a real kube-apiserver in test/inject.
+// Route and the patch it becomes are pure and unit tested (the patch of
+// the subset, applied to the whole pod, is Route of the whole pod); the
+// webhook and the publisher are tested against a real kube-apiserver in
+// test/inject, with the flood of admission reviews the heap bound is
+// measured on.
 package inject

@@ -58,9 +58,8 @@ type containerSubset struct {
 // its own and leaves a pod that sets them alone). The others are counted,
 // not stored: a pointer each while decoding.
 type envList struct {
-	n     int
-	ours  []corev1.EnvVar
-	isNil bool
+	n    int
+	ours []corev1.EnvVar
 }
 
 // envEntry decodes one variable only when it may be one of routing's.
@@ -90,8 +89,6 @@ func (l *envList) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-func (l envList) MarshalJSON() ([]byte, error) { return json.Marshal(l.ours) }
-
 // volumeSubset is a volume's name and, for a projected volume (the
 // service-account volume routing replaces), its sources; other volumes'
 // sources are skipped.
@@ -114,8 +111,6 @@ func (b *boundedMap) UnmarshalJSON(data []byte) error {
 	}
 	return json.Unmarshal(data, &b.m)
 }
-
-func (b boundedMap) MarshalJSON() ([]byte, error) { return json.Marshal(b.m) }
 
 // pod is the subset as a corev1.Pod holding only those fields, for Route.
 // The slices are shared with s.

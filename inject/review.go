@@ -34,6 +34,10 @@ const (
 	// DefaultReviewQueueWait is how long a review waits for a free slot
 	// before it is answered 429 (well inside the webhook's timeoutSeconds).
 	DefaultReviewQueueWait = time.Second
+	// reviewReadTimeout is how long a review's body may take to arrive
+	// once it has a slot: kube-apiserver sends it at once, and a client
+	// trickling it must not hold a slot for longer.
+	reviewReadTimeout = 10 * time.Second
 )
 
 // AdmissionLimits bound what admission reviews may cost the process. A
@@ -107,6 +111,7 @@ func (p *PodInjector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(reviewReadTimeout))
 	body, err := readBody(w, r, lim.MaxReviewBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -150,8 +151,14 @@ func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 // their own, on the address the API server calls, until the test ends.
 func startInjector(t testing.TB, target inject.Target, caFile string, edits ...func(*inject.Options)) *inject.Pieces {
 	t.Helper()
+	return startInjectorAs(t, env.Config, target, caFile, edits...)
+}
+
+// startInjectorAs is startInjector with the API server credentials of cfg.
+func startInjectorAs(t testing.TB, cfg *rest.Config, target inject.Target, caFile string, edits ...func(*inject.Options)) *inject.Pieces {
+	t.Helper()
 	wh := env.Webhooks
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 clientgoscheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

@@ -26,6 +26,9 @@
 //     turns ready, takes the Lease, writes its status entry and serves a
 //     watch through the proxy with the chart's certificate: the chart's RBAC
 //     is enough for the code;
+//   - with injection.separateDeployment, the webhook and CA publisher run
+//     in a Deployment of their own (--mode=injector) whose ServiceAccount
+//     alone holds the injector's rights, as the API server confirms;
 //   - the Dockerfile builds what the image promises from a build context
 //     that holds every package the binary needs;
 //   - the WatchBudget examples of docs/operators.md pass validation;

@@ -75,3 +75,55 @@ func TestSeparateInjectorDeployment(t *testing.T) {
 		t.Errorf("injector ClusterRoleBinding subjects = %v, want the proxy's ServiceAccount", b.Object["subjects"])
 	}
 }
+
+// TestSeparateInjectorRBAC applies the separate injector's ServiceAccounts,
+// roles and bindings to the API server and asks it what each
+// ServiceAccount may do: the injector may do what the webhook, the CA
+// publisher, its leader election and its /metrics filter need and no
+// more; the proxy's ServiceAccount holds none of the injector's rights.
+func TestSeparateInjectorRBAC(t *testing.T) {
+	const release, ns = "rbacprobe", "injector-rbac"
+	createNamespace(t, ns)
+	var keep []string
+	for _, doc := range strings.Split(render(t, release, ns, "--values", filepath.Join(root, "test", "packaging", "testdata", "values-injector.yaml")), "\n---") {
+		for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} {
+			if strings.Contains(doc, "\nkind: "+kind+"\n") {
+				keep = append(keep, doc)
+				break
+			}
+		}
+	}
+	applyForReal(t, strings.Join(keep, "\n---"))
+	t.Cleanup(func() {
+		for _, name := range []string{"manager", "injector", "injector-metrics-auth", "metrics-reader"} {
+			_, _ = kubectl(t, "", "delete", "clusterrole,clusterrolebinding", release+"-watchgate-"+name, "--ignore-not-found")
+		}
+		_, _ = kubectl(t, "", "delete", "role,rolebinding", release+"-watchgate-events", "-n", "default", "--ignore-not-found")
+	})
+	injector := "system:serviceaccount:" + ns + ":" + release + "-watchgate-injector"
+	proxy := "system:serviceaccount:" + ns + ":" + release + "-watchgate"
+	for _, q := range []struct {
+		as   string
+		args []string
+		want string
+	}{
+		{injector, []string{"update", "configmaps/watchgate-root-ca.crt", "-n", "default"}, "yes"},
+		{injector, []string{"create", "configmaps", "-n", "default"}, "yes"},
+		{injector, []string{"update", "configmaps/other", "-n", "default"}, "no"},
+		{injector, []string{"list", "pods", "--all-namespaces"}, "yes"},
+		{injector, []string{"update", "leases", "-n", ns}, "yes"},
+		{injector, []string{"update", "leases", "-n", "default"}, "no"},
+		{injector, []string{"create", "tokenreviews"}, "yes"},
+		{injector, []string{"create", "subjectaccessreviews"}, "yes"},
+		{injector, []string{"create", "events.events.k8s.io", "-n", "default"}, "no"},
+		{proxy, []string{"update", "configmaps/watchgate-root-ca.crt", "-n", "default"}, "no"},
+		{proxy, []string{"create", "configmaps", "-n", "default"}, "no"},
+		{proxy, []string{"create", "events.events.k8s.io", "-n", "default"}, "yes"},
+	} {
+		// kubectl auth can-i exits 1 on "no"; the answer is what counts.
+		out, _ := kubectl(t, "", append([]string{"auth", "can-i", "--as", q.as}, q.args...)...)
+		if got := strings.TrimSpace(out); !strings.HasPrefix(got, q.want) {
+			t.Errorf("%s: can-i %s = %q, want %s", q.as, strings.Join(q.args, " "), got, q.want)
+		}
+	}
+}
