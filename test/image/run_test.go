@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,10 +206,12 @@ func runAs(t *testing.T, img ociImage, dep *appsv1.Deployment) effectiveIDs {
 	ids := effectiveIDs{uid: uint32(uid), gid: uint32(gid), groups: []uint32{uint32(gid)}}
 	if pod.SecurityContext != nil && pod.SecurityContext.FSGroup != nil {
 		ids.fsGroup = pod.SecurityContext.FSGroup
-		ids.groups = append(ids.groups, uint32(*ids.fsGroup))
+		supplementary = append(supplementary, *ids.fsGroup)
 	}
 	for _, g := range supplementary {
-		ids.groups = append(ids.groups, uint32(g))
+		if !slices.Contains(ids.groups, uint32(g)) {
+			ids.groups = append(ids.groups, uint32(g))
+		}
 	}
 	return ids
 }
