@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -74,17 +73,4 @@ func installedDeployment(t *testing.T, release, ns string) *appsv1.Deployment {
 		t.Fatalf("the Deployment has %d containers, want 1", n)
 	}
 	return found[0]
-}
-
-// effectiveIDs are the user, group and supplementary groups the container
-// runs with: the container's securityContext over the pod's, over the
-// image's USER.
-type effectiveIDs struct {
-	uid, gid uint32
-	groups   []uint32
-	fsGroup  *int64
-}
-
-func (ids effectiveIDs) String() string {
-	return fmt.Sprintf("%d:%d (groups %v)", ids.uid, ids.gid, ids.groups)
 }

@@ -174,6 +174,19 @@ func TestImageRunsAsTheChartDeploysIt(t *testing.T) {
 	}
 }
 
+// effectiveIDs are the user, group and supplementary groups the container
+// runs with: the container's securityContext over the pod's, over the
+// image's USER.
+type effectiveIDs struct {
+	uid, gid uint32
+	groups   []uint32
+	fsGroup  *int64
+}
+
+func (ids effectiveIDs) String() string {
+	return fmt.Sprintf("%d:%d (groups %v)", ids.uid, ids.gid, ids.groups)
+}
+
 // runAs returns the ids the Deployment's container runs with, and checks
 // they agree with the image's USER and with runAsNonRoot.
 func runAs(t *testing.T, img ociImage, dep *appsv1.Deployment) effectiveIDs {
