@@ -27,7 +27,11 @@
 //     watch through the proxy with the chart's certificate: the chart's RBAC
 //     is enough for the code;
 //   - the Dockerfile builds what the image promises from a build context
-//     that holds every package the binary needs;
+//     that holds every package the binary needs, and the same image as
+//     `make image` (hack/image -describe): the same base files on scratch,
+//     user, entrypoint, ports, environment, labels and build flags; the
+//     chart's image values and Artifact Hub annotations name that image and
+//     its platforms (the image itself is run in package test/image);
 //   - the WatchBudget examples of docs/operators.md pass validation.
 //
 // The test bed has no cert-manager and no Prometheus Operator; the stand-in
