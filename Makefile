@@ -74,7 +74,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
 .PHONY: image
 image: ## Build the image without a container engine for linux/amd64 and linux/arm64: bin/image/oci (OCI layout), a docker-load/crane-push tarball and an SPDX SBOM per platform.
-	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) go run . -src ../.. -out ../../bin/image -repository $(IMAGE) -version $(VERSION) -revision $(REVISION) -platforms $(PLATFORMS)
+	cd hack/image && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) go run . -src $(CURDIR) -out $(CURDIR)/bin/image -repository $(IMAGE) -version $(VERSION) -revision $(REVISION) -platforms $(PLATFORMS)
 
 .PHONY: docker-build
 docker-build: ## Build the same image with a Docker engine (buildx), for the engine's platform.

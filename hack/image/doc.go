@@ -5,8 +5,9 @@
 //	oci/                              an OCI image layout: index.json names one
 //	                                  image index (tag in org.opencontainers.image.ref.name)
 //	                                  whose manifests are the platforms' images
-//	watchgate-linux-amd64.tar         a `docker save` tarball per platform, tagged
-//	watchgate-linux-arm64.tar         <repository>:<version>, for docker load and crane push
+//	watchgate-linux-amd64.tar         a tarball per platform, tagged <repository>:<version>:
+//	watchgate-linux-arm64.tar         a `docker save` archive (docker load, crane push) that
+//	                                  is an OCI layout too (skopeo's oci-archive:, containerd)
 //	watchgate-linux-amd64.spdx.json   an SPDX 2.3 SBOM per platform: the Go modules
 //	watchgate-linux-arm64.spdx.json   compiled into its binary, read back from the binary
 //
@@ -26,7 +27,8 @@
 //   - binary.go: the static binary per platform (CGO_ENABLED=0);
 //   - sbom.go: the SPDX document from the binary's build information (what
 //     `go version -m` prints);
-//   - assemble.go: the images, the index, the layout and the tarballs.
+//   - assemble.go: the images, the index and the layout; archive.go: the
+//     tarballs.
 //
 // The only network it needs is the Go module proxy (for its own modules and
 // the product's). Every time in the output is SOURCE_DATE_EPOCH (default:

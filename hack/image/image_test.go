@@ -443,7 +443,8 @@ func TestSBOMListsTheModulesOfTheBinary(t *testing.T) {
 // TestRootfsIsTheBaseLayer: -rootfs (the Dockerfile's base) writes exactly
 // the base layer's files, modes and contents.
 func TestRootfsIsTheBaseLayer(t *testing.T) {
-	root := filepath.Join(t.TempDir(), "rootfs")
+	// As in the Dockerfile, the parent does not exist yet.
+	root := filepath.Join(t.TempDir(), "out", "rootfs")
 	if err := run(t.Context(), []string{"-src", "testdata/hello", "-rootfs", root}); err != nil {
 		t.Fatal(err)
 	}

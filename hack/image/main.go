@@ -138,9 +138,10 @@ func summarize(out string, idx v1.ImageIndex, r release) error {
 		return err
 	}
 	fmt.Printf("%s@%s (created %s, revision %s)\n", r.ref(), digest, r.created.UTC().Format(time.RFC3339), r.revision)
-	fmt.Printf("  %s\n", filepath.Join(out, "oci"))
+	fmt.Printf("  in %s: oci/ (OCI image layout), and per platform a tarball and an SBOM:\n", out)
 	for _, d := range m.Manifests {
-		fmt.Printf("  %-12s %s  %s.tar  %s.spdx.json\n", platformString(*d.Platform), d.Digest, filepath.Join(out, outputName(*d.Platform)), outputName(*d.Platform))
+		name := outputName(*d.Platform)
+		fmt.Printf("  %-12s %s  %s.tar  %s.spdx.json\n", platformString(*d.Platform), d.Digest, name, name)
 	}
 	return nil
 }

@@ -85,9 +85,13 @@ func baseFiles(license []byte) []entry {
 	}
 }
 
-// writeRootfs writes entries under root (which must not exist yet), with
-// their modes, for a Dockerfile to copy into a FROM scratch stage.
+// writeRootfs writes entries under root (which must not exist yet; its
+// parents are created), with their modes, for a Dockerfile to copy into a
+// FROM scratch stage.
 func writeRootfs(root string, entries []entry) error {
+	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
+		return err
+	}
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return err
 	}

@@ -12,4 +12,9 @@
 // every 5 s) and the CRDs to load. Env hands out admin and per-user clients,
 // service accounts with real bearer tokens (TokenRequest), and reads the API
 // server's own /metrics, so that tests can assert what reached it.
+//
+// For the tests that install the chart and run watchgate as its pod would
+// (test/packaging, test/image): BuildHelm builds the pinned helm and Helm
+// runs it; LockedBuffer collects a process's output and WaitWhileRunning
+// polls for a condition while the process lives.
 package apiserver

@@ -1,13 +1,9 @@
 package image
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +12,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/watchgate/watchgate/test/apiserver"
 )
 
 // helm runs the pinned helm against the test API server and returns
@@ -24,14 +22,11 @@ func helm(t *testing.T, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, helmBin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.Kubeconfig)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("helm %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	out, err := apiserver.Helm(ctx, helmBin, env.Kubeconfig, args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return stdout.String()
+	return out
 }
 
 // installedDeployment installs the chart with its default values as
@@ -42,9 +37,7 @@ func installedDeployment(t *testing.T, release, ns string) *appsv1.Deployment {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, helmBin, "uninstall", release, "--namespace", ns)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+env.Kubeconfig)
-		_ = cmd.Run()
+		_, _ = apiserver.Helm(ctx, helmBin, env.Kubeconfig, "uninstall", release, "--namespace", ns)
 	})
 	manifest := helm(t, "get", "manifest", release, "--namespace", ns)
 	var found []*appsv1.Deployment
@@ -74,17 +67,4 @@ func installedDeployment(t *testing.T, release, ns string) *appsv1.Deployment {
 		t.Fatalf("the Deployment has %d containers, want 1", n)
 	}
 	return found[0]
-}
-
-// effectiveIDs are the user, group and supplementary groups the container
-// runs with: the container's securityContext over the pod's, over the
-// image's USER.
-type effectiveIDs struct {
-	uid, gid uint32
-	groups   []uint32
-	fsGroup  *int64
-}
-
-func (ids effectiveIDs) String() string {
-	return fmt.Sprintf("%d:%d (groups %v)", ids.uid, ids.gid, ids.groups)
 }

@@ -3,9 +3,6 @@ package image
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -35,15 +32,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	// Keep helm away from the user's own helm configuration and cache.
-	for _, v := range []string{"HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME"} {
-		os.Setenv(v, filepath.Join(tmp, strings.ToLower(v)))
-	}
-	helmBin = filepath.Join(tmp, "helm")
-	build := exec.Command("go", "build", "-modfile="+filepath.Join(root, "hack", "tools", "go.mod"), "-o", helmBin, "helm.sh/helm/v3/cmd/helm")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build helm from hack/tools/go.mod: %v\n%s", err, out)
+	if helmBin, err = apiserver.BuildHelm(tmp); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ctrllog.SetLogger(logr.Discard())

@@ -2,7 +2,6 @@ package image
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io/fs"
 	"net"
@@ -11,9 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -68,7 +67,7 @@ func TestImageRunsAsTheChartDeploysIt(t *testing.T) {
 	argv, addrs := commandLine(t, img, c)
 	environ := environment(t, img, c, podName, ns)
 
-	log := &lockedBuffer{}
+	log := &apiserver.LockedBuffer{}
 	cmd := &exec.Cmd{
 		Path:   argv[0],
 		Args:   argv,
@@ -110,7 +109,7 @@ func TestImageRunsAsTheChartDeploysIt(t *testing.T) {
 		}
 	})
 
-	waitFor(t, exited, &waitErr, 2*time.Minute, "/readyz", func() bool {
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 2*time.Minute, "/readyz", func() bool {
 		resp, err := http.Get("http://" + addrs["health"] + "/readyz")
 		if err != nil {
 			return false
@@ -173,6 +172,19 @@ func TestImageRunsAsTheChartDeploysIt(t *testing.T) {
 	}
 }
 
+// effectiveIDs are the user, group and supplementary groups the container
+// runs with: the container's securityContext over the pod's, over the
+// image's USER.
+type effectiveIDs struct {
+	uid, gid uint32
+	groups   []uint32
+	fsGroup  *int64
+}
+
+func (ids effectiveIDs) String() string {
+	return fmt.Sprintf("%d:%d (groups %v)", ids.uid, ids.gid, ids.groups)
+}
+
 // runAs returns the ids the Deployment's container runs with, and checks
 // they agree with the image's USER and with runAsNonRoot.
 func runAs(t *testing.T, img ociImage, dep *appsv1.Deployment) effectiveIDs {
@@ -205,10 +217,12 @@ func runAs(t *testing.T, img ociImage, dep *appsv1.Deployment) effectiveIDs {
 	ids := effectiveIDs{uid: uint32(uid), gid: uint32(gid), groups: []uint32{uint32(gid)}}
 	if pod.SecurityContext != nil && pod.SecurityContext.FSGroup != nil {
 		ids.fsGroup = pod.SecurityContext.FSGroup
-		ids.groups = append(ids.groups, uint32(*ids.fsGroup))
+		supplementary = append(supplementary, *ids.fsGroup)
 	}
 	for _, g := range supplementary {
-		ids.groups = append(ids.groups, uint32(g))
+		if !slices.Contains(ids.groups, uint32(g)) {
+			ids.groups = append(ids.groups, uint32(g))
+		}
 	}
 	return ids
 }
@@ -468,44 +482,9 @@ func metric(t *testing.T, addr, name string) float64 {
 	return sum
 }
 
-// waitFor polls cond until it holds; it fails the test when the process
-// exits first or when timeout passes.
-func waitFor(t *testing.T, exited <-chan struct{}, waitErr *error, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-exited:
-			t.Fatalf("watchgate exited while waiting for %s: %v", what, *waitErr)
-		case <-ctx.Done():
-			t.Fatalf("no %s within %s", what, timeout)
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
 func first[T any](s []T) any {
 	if len(s) == 0 {
 		return nil
 	}
 	return s[0]
-}
-
-// lockedBuffer collects the process's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

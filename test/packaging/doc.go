@@ -30,7 +30,11 @@
 //     in a Deployment of their own (--mode=injector) whose ServiceAccount
 //     alone holds the injector's rights, as the API server confirms;
 //   - the Dockerfile builds what the image promises from a build context
-//     that holds every package the binary needs;
+//     that holds every package the binary needs, and the same image as
+//     `make image` (hack/image -describe): the same base files on scratch,
+//     user, entrypoint, ports, environment, labels and build flags; the
+//     chart's image values and Artifact Hub annotations name that image and
+//     its platforms (the image itself is run in package test/image);
 //   - the WatchBudget examples of docs/operators.md pass validation;
 //   - docs/operators.md's metric table lists every metric the code defines,
 //     with its labels, and nothing else (metrics_test.go);

@@ -45,15 +45,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	// Keep helm away from the user's own helm configuration and cache.
-	for _, v := range []string{"HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME"} {
-		os.Setenv(v, filepath.Join(tmp, strings.ToLower(v)))
-	}
-	helmBin = filepath.Join(tmp, "helm")
-	build := exec.Command("go", "build", "-modfile="+filepath.Join(root, "hack", "tools", "go.mod"), "-o", helmBin, "helm.sh/helm/v3/cmd/helm")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build helm from hack/tools/go.mod: %v\n%s", err, out)
+	if helmBin, err = apiserver.BuildHelm(tmp); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ctrllog.SetLogger(logr.Discard())
@@ -66,14 +59,7 @@ func helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, helmBin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.Kubeconfig)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String(), nil
+	return apiserver.Helm(ctx, helmBin, env.Kubeconfig, args...)
 }
 
 // render runs `helm template` for release name in namespace ns with extra

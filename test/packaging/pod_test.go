@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -97,7 +96,7 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	}
 	args = append(args, "--kubeconfig="+kubeconfig)
 
-	log := &lockedBuffer{}
+	log := &apiserver.LockedBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "POD_NAME=watchgate-packaging-test", "POD_NAMESPACE="+releaseNamespace)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -123,7 +122,7 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	})
 
 	// The kubelet's readiness probe, until it passes.
-	waitFor(t, exited, &waitErr, 90*time.Second, "/readyz", func() bool {
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 90*time.Second, "/readyz", func() bool {
 		resp, err := http.Get("http://" + ports["--health-probe-bind-address"] + "/readyz")
 		if err != nil {
 			return false
@@ -168,7 +167,7 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 	// What needs the chart's RBAC beyond serving: this replica's entry in
 	// the budget's status (server-side apply on watchbudgets/status, every
 	// 15 s), the Ready condition and the Lease (leader only).
-	waitFor(t, exited, &waitErr, 90*time.Second, "this replica's status entry, Ready=True and the Lease", func() bool {
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 90*time.Second, "this replica's status entry, Ready=True and the Lease", func() bool {
 		pods, err1 := kubectl(t, "", "get", "wb", "watchgate-default", "-o", "jsonpath={.status.replicas[*].pod}")
 		ready, err2 := kubectl(t, "", "get", "wb", "watchgate-default", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		holder, err3 := kubectl(t, "", "get", "lease", "watchgate.watchgate.io", "--namespace", releaseNamespace, "-o", "jsonpath={.spec.holderIdentity}")
@@ -198,7 +197,7 @@ spec:
   limits: {watchOpensPerMinute: 1, watchBurst: 1}
 `, budget), "apply", "-f", "-")
 	t.Cleanup(func() { _, _ = kubectl(t, "", "delete", "wb", budget, "--ignore-not-found") })
-	waitFor(t, exited, &waitErr, 60*time.Second, "a watch throttled by "+budget, func() bool {
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 60*time.Second, "a watch throttled by "+budget, func() bool {
 		resp, err := client.Do(req.Clone(t.Context()))
 		if err != nil {
 			return false
@@ -206,7 +205,7 @@ spec:
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusTooManyRequests && strings.Contains(resp.Header.Get("X-Watchgate-Decision"), "budget="+budget)
 	})
-	waitFor(t, exited, &waitErr, 60*time.Second, "an Event about "+budget+" in default", func() bool {
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 60*time.Second, "an Event about "+budget+" in default", func() bool {
 		out, err := kubectl(t, "", "get", "events.events.k8s.io", "--namespace", "default",
 			"-o", `jsonpath={range .items[*]}{.regarding.name}/{.reportingController}{"\n"}{end}`)
 		return err == nil && strings.Contains(out, budget+"/watchgate")
@@ -249,23 +248,6 @@ func kubectlIn(t *testing.T, in string, args ...string) {
 	}
 }
 
-// waitFor polls cond until it holds; it fails the test when the process
-// exits first or when timeout passes.
-func waitFor(t *testing.T, exited <-chan struct{}, waitErr *error, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		select {
-		case <-exited:
-			t.Fatalf("watchgate exited while waiting for %s: %v", what, *waitErr)
-		case <-time.After(250 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %s", what, timeout)
-		}
-	}
-}
-
 // freeAddress returns a loopback address with a port nothing listens on.
 func freeAddress(t *testing.T) string {
 	t.Helper()
@@ -274,23 +256,4 @@ func freeAddress(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return addr
-}
-
-// lockedBuffer collects the process's stdout and stderr while the test
-// reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
