@@ -78,21 +78,8 @@ func TestFaultAPIServerRestartMidWatch(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	ns := uniqueName("restart")
-	sa, err := e.ServiceAccount(ctx, ns, "agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Grant(ctx, sa, readWatch("configmaps")); err != nil {
-		t.Fatal(err)
-	}
-	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
-	policy, err := ratelimit.NewPolicy([]ratelimit.Budget{generous("everyone", 100)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine.SetPolicy(time.Now(), policy)
-	srv, url, ca, stopProxy := startProxyOn(t, e, engine, nil)
+	sa, engine, srv, url, ca, stopProxy := agentOn(t, e, "restart")
+	ns := sa.Namespace
 
 	cfg := e.ConfigFor(sa.Token, url, ca)
 	cs, err := kubernetes.NewForConfig(cfg)

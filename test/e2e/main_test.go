@@ -81,6 +81,30 @@ func startProxyWith(t testing.TB, mutate func(*proxy.Options), budgets ...rateli
 	return &testProxy{Server: srv, Engine: engine, URL: url, CA: ca, stop: stop}
 }
 
+// agentOn makes, on the control plane e, a service account in a new
+// namespace (prefix) that may read and watch configmaps, and starts a proxy
+// in front of e whose one budget ("everyone") is generous; it returns the
+// account, the proxy's engine and what startProxyOn returns.
+func agentOn(t testing.TB, e *apiserver.Env, prefix string) (apiserver.ServiceAccount, *ratelimit.Engine, *proxy.Server, string, []byte, func()) {
+	t.Helper()
+	ctx := context.Background()
+	sa, err := e.ServiceAccount(ctx, uniqueName(prefix), "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Grant(ctx, sa, readWatch("configmaps")); err != nil {
+		t.Fatal(err)
+	}
+	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
+	policy, err := ratelimit.NewPolicy([]ratelimit.Budget{generous("everyone", 100)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine.SetPolicy(time.Now(), policy)
+	srv, url, ca, stop := startProxyOn(t, e, engine, nil)
+	return sa, engine, srv, url, ca, stop
+}
+
 // startProxyOn starts a proxy with engine in front of the control plane e,
 // with a fast upstream probe, options changed by tune; it waits until the
 // proxy is ready and stops it when the test ends (or when the returned

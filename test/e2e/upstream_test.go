@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -39,21 +38,8 @@ func TestUpstreamConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = up.Stop() })
-	ns := uniqueName("upstream")
-	sa, err := up.ServiceAccount(ctx, ns, "agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := up.Grant(ctx, sa, readWatch("configmaps")); err != nil {
-		t.Fatal(err)
-	}
-	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
-	policy, err := ratelimit.NewPolicy([]ratelimit.Budget{generous("everyone", 100)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine.SetPolicy(time.Now(), policy)
-	srv, url, ca, _ := startProxyOn(t, up, engine, nil)
+	sa, _, srv, url, ca, _ := agentOn(t, up, "upstream")
+	ns := sa.Namespace
 	cfg := up.ConfigFor(sa.Token, url, ca)
 	client, err := rest.HTTPClientFor(cfg)
 	if err != nil {
