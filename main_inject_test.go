@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -134,12 +135,24 @@ func runWithInjection(t *testing.T, mode string) {
 		t.Errorf("webhook answer = %+v (patch %s), want allowed with a patch naming watchgate.main-inject-own.svc.cluster.local", answer.Response, answer.Response.Patch)
 	}
 
-	ready, err := http.Get("http://" + probeAddr + "/readyz")
-	if err != nil || ready.StatusCode != http.StatusOK {
-		t.Errorf("/readyz = %v %v, want 200", ready, err)
-	}
-	if ready != nil {
-		ready.Body.Close()
+	// Ready once the webhook serves (and, in mode all, the budgets are
+	// loaded and the upstream answered), which may come after the CA.
+	readyBy := time.Now().Add(30 * time.Second)
+	for {
+		code, body := 0, ""
+		ready, err := http.Get("http://" + probeAddr + "/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(ready.Body)
+			ready.Body.Close()
+			code, body = ready.StatusCode, string(b)
+		}
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(readyBy) {
+			t.Fatalf("/readyz = %d %q (%v) 30s after the webhook answered, want 200", code, body, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	if c, err := net.DialTimeout("tcp", proxyAddr, 5*time.Second); (err == nil) != (mode == "all") {
 		t.Errorf("--mode=%s: proxy address %s dialled with error %v; the proxy runs only in mode all", mode, proxyAddr, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -189,6 +190,19 @@ func TestRunServesProbesMetricsAndTheProxy(t *testing.T) {
 	}
 	if err := env.Grant(ctx, scraper, rbacv1.PolicyRule{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}); err != nil {
 		t.Fatal(err)
+	}
+	// The metrics server starts beside the probes, not before readiness.
+	servingBy := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", metricsAddr, 5*time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(servingBy) {
+			t.Fatalf("/metrics not listening on %s within 30s: %v", metricsAddr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if code, _ := get(t, plain, "http://"+metricsAddr+"/metrics", ""); code == http.StatusOK {
 		t.Errorf("/metrics over plain HTTP = 200, want it served over HTTPS only")
