@@ -2,7 +2,9 @@ package image
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -129,6 +131,15 @@ func TestImageRunsAsTheChartDeploysIt(t *testing.T) {
 	if err := env.Grant(ctx, sa, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}); err != nil {
 		t.Fatal(err)
 	}
+	// /metrics is served as the chart serves it: HTTPS, to scrapers the API
+	// server allows get /metrics.
+	scraper, err := env.ServiceAccount(ctx, "image-client", "scraper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Grant(ctx, scraper, rbacv1.PolicyRule{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}); err != nil {
+		t.Fatal(err)
+	}
 	stale, err := env.StaleVersion(ctx, "image-client", 100, 90*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +172,7 @@ func TestImageRunsAsTheChartDeploysIt(t *testing.T) {
 				i+1, ans.HTTPStatus, ans.Code, ans.Status.Reason, ans.Closed)
 		}
 	}
-	if learned := metric(t, addrs["metrics"], "watchgate_proxy_stale_versions_learned_total"); learned < 1 {
+	if learned := metric(t, addrs["metrics"], scraper.Token, "watchgate_proxy_stale_versions_learned_total"); learned < 1 {
 		t.Errorf("watchgate_proxy_stale_versions_learned_total = %v, want at least 1", learned)
 	}
 
@@ -459,13 +470,25 @@ func checkProcess(t *testing.T, pid int, rootfs string, ids effectiveIDs) {
 }
 
 // metric sums the samples of a counter on the metrics endpoint at addr.
-func metric(t *testing.T, addr, name string) float64 {
+func metric(t *testing.T, addr, token, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, "https://"+addr+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	// The metrics server's certificate is generated at start: the scraper
+	// is what is verified, not the server (as the chart's ServiceMonitor).
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET https://%s/metrics = %d %.200s, want 200", addr, resp.StatusCode, body)
+	}
 	var sum float64
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
