@@ -14,7 +14,8 @@ import (
 // real Helm release on the test API server: the first install (CRD as a
 // template, WatchBudgets from the post-install hook once the CRD exists),
 // NOTES.txt, an upgrade that keeps the generated certificate clients
-// already trust, and an uninstall that keeps the CRD and the budgets.
+// already trust, one that turns injection on and so reissues it for the
+// webhook's Service, and an uninstall that keeps the CRD and the budgets.
 func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	installPrerequisites(t)
 	for _, want := range []string{
@@ -56,6 +57,35 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	}
 	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "Enforce" {
 		t.Errorf("after upgrade, watchgate-default enforcement = %q, want Enforce", got)
+	}
+
+	// Turning injection on, the documented way, adds the webhook Service's
+	// names to what the certificate must carry: the chart issues a new pair
+	// that the API server can verify for the webhook, and NOTES says so.
+	caBefore := secretKey(t, "ca.crt")
+	out, err = helm(t, "upgrade", releaseName, chart, "--namespace", releaseNamespace, "--reuse-values", "--set", "injection.enabled=true", "--timeout=2m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "the chart issued a new CA and serving certificate") {
+		t.Errorf("helm upgrade that turned injection on: NOTES do not say the certificate was reissued:\n%s", out)
+	}
+	reissued, ca := secretKey(t, "tls.crt"), secretKey(t, "ca.crt")
+	if reissued == cert || ca == caBefore {
+		t.Error("turning injection on kept the certificate, which does not name the webhook's Service")
+	}
+	verifyServingCert(t, reissued, ca, "watchgate-webhook.helm-install.svc")
+	verifyServingCert(t, reissued, ca, "watchgate.helm-install.svc")
+	if bundle := kubectlOK(t, "get", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/instance="+releaseName, "-o", "jsonpath={.items[0].webhooks[0].clientConfig.caBundle}"); bundle != base64.StdEncoding.EncodeToString([]byte(ca)) {
+		t.Error("the webhook's caBundle is not the reissued CA")
+	}
+	// The next upgrade, with the same names, keeps it.
+	out, err = helm(t, "upgrade", releaseName, chart, "--namespace", releaseNamespace, "--reuse-values", "--timeout=2m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "the chart issued a new CA") || secretKey(t, "tls.crt") != reissued {
+		t.Error("an upgrade with unchanged names reissued the certificate")
 	}
 
 	// Uninstall removes the workload but keeps the CRD, and with it every

@@ -134,24 +134,33 @@ watchgate.webhookServiceName is the injection webhook's Service.
 {{/*
 watchgate.generatedTLS generates the chart's CA and serving pair once per
 render (or reuses the Secret's) and keeps it in .Values._generatedTLS, so that
-the Secret and the webhook's caBundle agree. Returns nothing.
+the Secret and the webhook's caBundle agree. The Secret carries a digest of
+the names the certificate was issued for (annotation
+watchgate.io/certificate-names, in .Values._generatedTLSNames): when the
+names it must carry change (injection turned on adds the webhook Service's,
+tls.extraDNSNames or tls.ipAddresses edited), the pair is issued anew and
+.Values._reissuedTLS says so, for NOTES.txt. Returns nothing.
 */}}
 {{- define "watchgate.generatedTLS" -}}
 {{- if not (hasKey .Values "_generatedTLS") }}
 {{- $name := include "watchgate.tlsSecretName" . }}
+{{- $dnsNames := include "watchgate.dnsNames" . | fromYamlArray }}
+{{- $names := printf "%s|%s" (join "," $dnsNames) (join "," .Values.tls.ipAddresses) | sha256sum | trunc 16 }}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace $name }}
 {{- $data := dict }}
-{{- if and $existing (hasKey $existing "data") (hasKey ($existing.data | default dict) "tls.crt") (hasKey $existing.data "tls.key") }}
+{{- $complete := and $existing (hasKey $existing "data") (hasKey ($existing.data | default dict) "tls.crt") (hasKey $existing.data "tls.key") }}
+{{- if and $complete (eq (dig "metadata" "annotations" "watchgate.io/certificate-names" "" $existing) $names) }}
 {{- $data = $existing.data }}
 {{- else }}
 {{- $days := int .Values.tls.validityDays }}
 {{- $ca := genCA (printf "%s-ca" (include "watchgate.fullname" .)) $days }}
-{{- $dnsNames := include "watchgate.dnsNames" . | fromYamlArray }}
 {{- $cn := printf "%s.%s.svc" (include "watchgate.proxyServiceName" .) .Release.Namespace }}
 {{- $cert := genSignedCert $cn .Values.tls.ipAddresses $dnsNames $days $ca }}
 {{- $data = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) }}
+{{- $_ := set .Values "_reissuedTLS" (not (not $complete)) }}
 {{- end }}
 {{- $_ := set .Values "_generatedTLS" $data }}
+{{- $_ := set .Values "_generatedTLSNames" $names }}
 {{- end }}
 {{- end }}
 
