@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -26,16 +27,20 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 
+	"github.com/watchgate/watchgate/inject"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
@@ -45,7 +50,8 @@ const victimInformers = 70
 
 // TestLoadHostileTenant is `make load-hostile`, not part of `make test`
 // (build tag load): one watchgate replica as the chart runs it (default
-// flags, GOMEMLIMIT 90% of the 512Mi limit, the chart's default budgets)
+// flags, GOMEMLIMIT 90% of the 512Mi limit, the chart's default budgets,
+// injection on)
 // in front of a dedicated control plane, loopback only.
 //
 // A routed agent (its own service account, 70 label-selected ConfigMap
@@ -56,8 +62,11 @@ const victimInformers = 70
 // watches in its own name beyond its per-identity ceiling; watches as
 // thousands of made-up impersonated users; a storm of concurrent watches
 // from one stale resourceVersion; random bearer tokens from eight
-// addresses of one /24; its own token bound to a pod that was deleted.
-// Every loop is bounded in count and ends with the attack.
+// addresses of one /24; its own token bound to a pod that was deleted;
+// AdmissionReviews of 2.9 MiB and 6 MiB at the webhook port. Every loop is
+// bounded in count and ends with the attack. After each restart the same
+// agent syncs once straight against kube-apiserver, as a control of what
+// the shared machine alone costs.
 //
 // It asserts that each restart syncs within twice the quiet time without
 // one 429, and that the replica's RSS stays under the chart's limit; it
@@ -155,10 +164,28 @@ func TestLoadHostileTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The replica, as the chart starts it.
+	// The replica, as the chart starts it with injection on: a serving
+	// certificate in a Secret's layout and the webhook's port.
+	dir := t.TempDir()
+	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM, "ca.crt": certPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	webhookAddr, err := apiserver.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, webhookPort, _ := net.SplitHostPort(webhookAddr)
 	const limit = 512 << 20
 	goMemLimit := limit * 9 / 10
-	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)})
+	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)},
+		"--tls-cert-file="+filepath.Join(dir, "tls.crt"), "--tls-private-key-file="+filepath.Join(dir, "tls.key"),
+		"--webhook-port="+webhookPort, "--pod-namespace=watchgate-system")
 	var peak atomic.Uint64
 	stopSampling := make(chan struct{})
 	var sampling sync.WaitGroup
@@ -190,6 +217,15 @@ func TestLoadHostileTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent := &victimAgent{cs: cs, ns: victimNS}
+	// The same agent straight to kube-apiserver: what the machine alone
+	// costs a sync while the attack runs.
+	direct := rest.CopyConfig(e.ConfigFor(victim.Token, "", nil))
+	direct.QPS, direct.Burst = cfg.QPS, cfg.Burst
+	dcs, err := kubernetes.NewForConfig(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	control := &victimAgent{cs: dcs, ns: victimNS}
 
 	// Quiet: three starts; the slowest is the quiet time.
 	var quiet time.Duration
@@ -202,6 +238,15 @@ func TestLoadHostileTenant(t *testing.T) {
 		agent.stop()
 	}
 	t.Logf("quiet sync (slowest of 3): %v", quiet)
+	var directQuiet time.Duration
+	for range 3 {
+		d, err := control.start()
+		if err != nil {
+			t.Fatalf("quiet start, straight to the API server: %v", err)
+		}
+		directQuiet = max(directQuiet, d)
+		control.stop()
+	}
 	if _, err := agent.start(); err != nil {
 		t.Fatalf("start before the attack: %v", err)
 	}
@@ -252,8 +297,22 @@ func TestLoadHostileTenant(t *testing.T) {
 		}
 	})
 
+	// Admission reviews at the webhook port: pods of 2.9 MiB (under its
+	// body limit) and bodies of 6 MiB (over it).
+	webhookClients := newClients(2, "127.0.0.1")
+	for _, size := range []int{29 << 20 / 10, 6 << 20} {
+		body := admissionReview(attackNS, size)
+		attack.Go(func() {
+			requestsWith(actx, &tally, fmt.Sprintf("admission reviews of %.1f MiB", float64(size)/(1<<20)), webhookClients, 4, 2000, func(int) *http.Request {
+				req, _ := http.NewRequestWithContext(actx, http.MethodPost, "https://"+webhookAddr+inject.WebhookPath, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				return req
+			})
+		})
+	}
+
 	// The victim restarts every 15 s while the attack runs, the first 5 s in.
-	var syncs []time.Duration
+	var syncs, directSyncs []time.Duration
 	restartAt := time.Now().Add(5 * time.Second)
 	for actx.Err() == nil && time.Until(restartAt) < time.Until(deadlineOf(actx)) {
 		time.Sleep(time.Until(restartAt))
@@ -265,11 +324,15 @@ func TestLoadHostileTenant(t *testing.T) {
 		}
 		syncs = append(syncs, d)
 		t.Logf("restart %d during the attack: synced in %v", len(syncs), d)
+		if d, err := control.start(); err == nil {
+			directSyncs = append(directSyncs, d)
+		}
+		control.stop()
 		restartAt = restartAt.Add(15 * time.Second)
 	}
 	attack.Wait()
 	agent.stop()
-	for _, c := range slices.Concat(ownClients, userClients, stormClients, floodClients, revokedClients) {
+	for _, c := range slices.Concat(ownClients, userClients, stormClients, floodClients, revokedClients, webhookClients) {
 		c.CloseIdleConnections()
 	}
 	after, err := scrape(p.statsURL)
@@ -315,6 +378,8 @@ func TestLoadHostileTenant(t *testing.T) {
 	row("victim: sync time during the attack, each restart", durations(syncs))
 	row("victim: worst sync during the attack", fmt.Sprintf("%v (%.2f× quiet)", worst.Round(time.Millisecond), float64(worst)/float64(quiet)))
 	row("victim: 429s received", strconv.FormatInt(victim429.Load(), 10))
+	row("control, the same agent straight to kube-apiserver: quiet (slowest of 3), after each restart during the attack",
+		fmt.Sprintf("%v; %s", directQuiet.Round(time.Millisecond), durations(directSyncs)))
 	row("replica: peak RSS (limit 512 MiB, GOMEMLIMIT 460 MiB)", fmt.Sprintf("%d MiB", peak.Load()>>20))
 	row("reviews sent during the attack (watchgate_proxy_reviews_sent_total)", delta("watchgate_proxy_reviews_sent_total", "review", nil))
 	row("guard refusals by reason (watchgate_proxy_guard_rejections_total)", delta("watchgate_proxy_guard_rejections_total", "reason", nil))
@@ -526,6 +591,20 @@ func holdWatches(ctx context.Context, tally *tallies, loop string, clients []*ht
 // the url, token and headers of its index, reading every answer whole;
 // it stops when ctx ends.
 func requests(ctx context.Context, tally *tallies, loop string, clients []*http.Client, concurrency, n int, of func(int) (string, string, []string)) {
+	requestsWith(ctx, tally, loop, clients, concurrency, n, func(i int) *http.Request {
+		url, token, h := of(i)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		for j := 0; j+1 < len(h); j += 2 {
+			req.Header.Set(h[j], h[j+1])
+		}
+		return req
+	})
+}
+
+// requestsWith sends up to n requests, concurrency at a time, the request
+// of each index, reading every answer whole; it stops when ctx ends.
+func requestsWith(ctx context.Context, tally *tallies, loop string, clients []*http.Client, concurrency, n int, of func(int) *http.Request) {
 	var next atomic.Int64
 	var senders sync.WaitGroup
 	for range concurrency {
@@ -535,13 +614,7 @@ func requests(ctx context.Context, tally *tallies, loop string, clients []*http.
 				if i >= n {
 					return
 				}
-				url, token, h := of(i)
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-				req.Header.Set("Authorization", "Bearer "+token)
-				for j := 0; j+1 < len(h); j += 2 {
-					req.Header.Set(h[j], h[j+1])
-				}
-				resp, err := clients[i%len(clients)].Do(req)
+				resp, err := clients[i%len(clients)].Do(of(i))
 				if ctx.Err() != nil {
 					if err == nil {
 						resp.Body.Close()
@@ -557,6 +630,25 @@ func requests(ctx context.Context, tally *tallies, loop string, clients []*http.
 		})
 	}
 	senders.Wait()
+}
+
+// admissionReview is a pod's AdmissionReview of about size bytes, the
+// pod's bulk in one annotation.
+func admissionReview(ns string, size int) []byte {
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: ns, Annotations: map[string]string{"bulk": strings.Repeat("x", size)}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "c"}}},
+	}
+	raw, _ := json.Marshal(pod)
+	body, _ := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID: "1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Namespace: ns, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw},
+		},
+	})
+	return body
 }
 
 func deadlineOf(ctx context.Context) time.Time {
