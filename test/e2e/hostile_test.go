@@ -263,9 +263,17 @@ func TestLoadHostileTenant(t *testing.T) {
 	// HOSTILE_LOOPS (comma-separated: own, users, stale, tokens, revoked,
 	// webhook) runs only those loops, to see which one costs what.
 	only := os.Getenv("HOSTILE_LOOPS")
+	attackStart := time.Now()
+	var tookMu sync.Mutex
+	took := map[string]time.Duration{} // how long each loop ran
 	attackWith := func(name string, loop func()) {
 		if only == "" || slices.Contains(strings.Split(only, ","), name) {
-			attack.Go(loop)
+			attack.Go(func() {
+				loop()
+				tookMu.Lock()
+				defer tookMu.Unlock()
+				took[name] = time.Since(attackStart)
+			})
 		}
 	}
 	watchPath := "/api/v1/namespaces/" + attackNS + "/configmaps?watch=true&timeoutSeconds=300"
@@ -400,6 +408,11 @@ func TestLoadHostileTenant(t *testing.T) {
 	for _, name := range tally.names() {
 		row("attacker: "+name+", answers", tally.String(name))
 	}
+	var ran []string
+	for _, name := range sortedKeys(took) {
+		ran = append(ran, fmt.Sprintf("%s %v", name, took[name].Round(100*time.Millisecond)))
+	}
+	row("attacker: each loop ran for (it ends at its count or at the attack's end)", strings.Join(ran, ", "))
 
 	load1 := loadAvg()
 	commit, _ := exec.Command("git", "-C", root, "describe", "--always", "--dirty").Output()
