@@ -27,6 +27,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -61,8 +62,8 @@ const victimInformers = 70
 // impersonate users and groups attacks the replica at once with:
 // watches in its own name beyond its per-identity ceiling; watches as
 // thousands of made-up impersonated users; a storm of concurrent watches
-// from one stale resourceVersion; random bearer tokens from eight
-// addresses of one /24; its own token bound to a pod that was deleted;
+// from one stale resourceVersion and random bearer tokens from eight
+// addresses of one /24, each spread evenly over the attack; its own token bound to a pod that was deleted;
 // AdmissionReviews of 2.9 MiB and 6 MiB at the webhook port. Every loop is
 // bounded in count and ends with the attack. At each restart the same
 // agent also starts straight against kube-apiserver, as a control of what
@@ -292,7 +293,11 @@ func TestLoadHostileTenant(t *testing.T) {
 	stormClients := newClients(4, "127.0.0.1")
 	attackWith("stale", func() {
 		stalePath := p.url + "/api/v1/namespaces/" + attackNS + "/configmaps?watch=true&timeoutSeconds=5&resourceVersion=" + stale
-		requests(actx, &tally, "stale-version watches", stormClients, 64, 20000, func(int) (string, string, []string) { return stalePath, attacker.Token, nil })
+		pace := spread(20000, attackFor, 64)
+		requests(actx, &tally, "stale-version watches", stormClients, 64, 20000, func(int) (string, string, []string) {
+			_ = pace.Wait(actx)
+			return stalePath, attacker.Token, nil
+		})
 	})
 	// Random tokens from eight addresses of one /24.
 	var floodClients []*http.Client
@@ -301,7 +306,11 @@ func TestLoadHostileTenant(t *testing.T) {
 	}
 	attackWith("tokens", func() {
 		listPath := p.url + "/api/v1/namespaces/" + attackNS + "/configmaps"
-		requests(actx, &tally, "random tokens", floodClients, 32, 50000, func(int) (string, string, []string) { return listPath, randomString(32), nil })
+		pace := spread(50000, attackFor, 32)
+		requests(actx, &tally, "random tokens", floodClients, 32, 50000, func(int) (string, string, []string) {
+			_ = pace.Wait(actx)
+			return listPath, randomString(32), nil
+		})
 	})
 	// The token of the deleted pod, ten times a second.
 	revokedClients := newClients(1, "127.0.0.1")
@@ -678,6 +687,12 @@ func admissionReview(ns string, size int) []byte {
 		},
 	})
 	return body
+}
+
+// spread paces n requests evenly over d, burst at a time, so that a flood
+// lasts the whole attack rather than its first seconds.
+func spread(n int, d time.Duration, burst int) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(float64(n)/d.Seconds()), burst)
 }
 
 func deadlineOf(ctx context.Context) time.Time {
