@@ -57,17 +57,18 @@ const victimInformers = 70
 //
 // A routed agent (its own service account, 70 label-selected ConfigMap
 // informers, client-go's QPS 20 / burst 30 as controller-runtime sets them)
-// measures its sync time (start → every informer synced) on a quiet replica,
-// then restarts every 15 s while, for 60 s, one service account allowed to
-// impersonate users and groups attacks the replica at once with:
-// watches in its own name beyond its per-identity ceiling; watches as
-// thousands of made-up impersonated users; a storm of concurrent watches
-// from one stale resourceVersion and random bearer tokens from eight
-// addresses of one /24, each spread evenly over the attack; its own token bound to a pod that was deleted;
-// AdmissionReviews of 2.9 MiB and 6 MiB at the webhook port. Every loop is
-// bounded in count and ends with the attack. At each restart the same
-// agent also starts straight against kube-apiserver, as a control of what
-// the shared machine alone costs a sync.
+// measures its sync time (start → every informer synced) on a quiet
+// replica, then restarts every 15 s while, for 60 s, one service account
+// allowed to impersonate users and groups attacks the replica at once
+// with: watches in its own name beyond its per-identity ceiling; watches
+// as thousands of made-up impersonated users; a storm of concurrent
+// watches from one stale resourceVersion and random bearer tokens from
+// eight addresses of one /24, each spread evenly over the attack; its own
+// token bound to a pod that was deleted; AdmissionReviews of 2.9 MiB and
+// 6 MiB at the webhook port. Every loop is bounded in count and ends with
+// the attack. At each restart the same agent also starts straight against
+// kube-apiserver, as a control of what the shared machine alone costs a
+// sync.
 //
 // It asserts that each restart syncs within twice the quiet time without
 // one 429, and that the replica's RSS stays under the chart's limit; it
