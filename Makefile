@@ -65,6 +65,13 @@ load: build ## Load run (~15 min, not in `make test`): 10,000 idle watches vs a 
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets LOAD_WATCHES=$(LOAD_WATCHES) LOAD_HOLD=$(LOAD_HOLD) \
 		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 60m -run '^TestLoad$$' -v ./test/e2e/
 
+HOSTILE_ATTACK ?= 60s
+HOSTILE_LOOPS ?=
+.PHONY: load-hostile
+load-hostile: build ## Hostile tenant (~3 min, not in `make test`): one identity attacks a charted replica while a routed agent with 70 informers restarts; writes BENCHMARKS.md.
+	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets HOSTILE_ATTACK=$(HOSTILE_ATTACK) HOSTILE_LOOPS=$(HOSTILE_LOOPS) \
+		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 30m -run '^TestLoadHostileTenant$$' -v ./test/e2e/
+
 # The image: its name, platforms, and what stamps it. SOURCE_DATE_EPOCH (the
 # commit's time) is every time in it, so one commit gives one digest.
 IMAGE ?= ghcr.io/watchgate/watchgate

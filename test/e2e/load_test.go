@@ -525,7 +525,11 @@ func kubectlApply(ctx context.Context, e *apiserver.Env, manifest string) error 
 
 // replaceBetweenMarkers writes text between the load markers of file.
 func replaceBetweenMarkers(file, text string) error {
-	const begin, end = "<!-- load:begin -->", "<!-- load:end -->"
+	return replaceBetween(file, "<!-- load:begin -->", "<!-- load:end -->", text)
+}
+
+// replaceBetween writes text between the markers begin and end of file.
+func replaceBetween(file, begin, end, text string) error {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return err
