@@ -26,8 +26,12 @@ var podsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 func init() { metrics.Registry.MustRegister(podsTotal) }
 
 // PodInjector is the mutating admission webhook for Pods (CREATE), an
-// http.Handler for the webhook server. It never rejects a pod: anything it
-// cannot decide is admitted unchanged. What one admission may cost is
+// http.Handler for the webhook server. It never denies a pod in its
+// answer: a pod it cannot route is admitted unchanged. A request it does
+// not read (over the body limit, too many at once, not an AdmissionReview
+// it can decode) gets an HTTP error instead (413, 429, 400), which the API
+// server counts as a failed call: the webhook's failurePolicy decides
+// (Ignore, the chart's: the pod is created unrouted). What one admission may cost is
 // bounded (see AdmissionLimits): the body it reads, how many it serves at
 // once, and what it decodes (only the fields routing needs, podSubset).
 type PodInjector struct {
