@@ -24,11 +24,18 @@ func (e *Env) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, error)
 // Sum adds the values of the counters or gauges in family whose labels
 // include every pair in match.
 func Sum(families map[string]*dto.MetricFamily, family string, match map[string]string) float64 {
+	return SumBy(families, family, "", match)[""]
+}
+
+// SumBy is Sum for each value of label: the values of the counters or
+// gauges in family whose labels include every pair in match, added up by
+// their value of label ("" adds them all).
+func SumBy(families map[string]*dto.MetricFamily, family, label string, match map[string]string) map[string]float64 {
+	out := map[string]float64{}
 	f := families[family]
 	if f == nil {
-		return 0
+		return out
 	}
-	var total float64
 next:
 	for _, m := range f.GetMetric() {
 		have := map[string]string{}
@@ -40,16 +47,20 @@ next:
 				continue next
 			}
 		}
+		key := ""
+		if label != "" {
+			key = have[label]
+		}
 		switch {
 		case m.Counter != nil:
-			total += m.GetCounter().GetValue()
+			out[key] += m.GetCounter().GetValue()
 		case m.Gauge != nil:
-			total += m.GetGauge().GetValue()
+			out[key] += m.GetGauge().GetValue()
 		case m.Untyped != nil:
-			total += m.GetUntyped().GetValue()
+			out[key] += m.GetUntyped().GetValue()
 		}
 	}
-	return total
+	return out
 }
 
 // WatchRequests is the number of WATCH requests the API server has counted

@@ -390,7 +390,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	}
 
 	delta := func(family, label string, match map[string]string) string {
-		a, b := byLabel(after, family, label, match), byLabel(before, family, label, match)
+		a, b := apiserver.SumBy(after, family, label, match), apiserver.SumBy(before, family, label, match)
 		var parts []string
 		for _, k := range sortedKeys(a) {
 			if v := a[k] - b[k]; v > 0 {
@@ -722,28 +722,4 @@ func scrape(url string) (map[string]*dto.MetricFamily, error) {
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	return parser.TextToMetricFamilies(bytes.NewReader(body))
-}
-
-// byLabel sums family's counters whose labels include match, by the
-// value of label.
-func byLabel(fams map[string]*dto.MetricFamily, family, label string, match map[string]string) map[string]float64 {
-	out := map[string]float64{}
-	f := fams[family]
-	if f == nil {
-		return out
-	}
-next:
-	for _, m := range f.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
-		}
-		for k, v := range match {
-			if have[k] != v {
-				continue next
-			}
-		}
-		out[have[label]] += m.GetCounter().GetValue()
-	}
-	return out
 }
