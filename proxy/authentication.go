@@ -180,8 +180,14 @@ func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k re
 // one each. Forwarding headers are not trusted. The key is at most a
 // prefix's text, whatever RemoteAddr holds.
 func clientPrefix(r *http.Request) string {
-	host := r.RemoteAddr
-	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+	return networkOf(r.RemoteAddr)
+}
+
+// networkOf is the IPv4 /24 or IPv6 /64 of remoteAddr (host:port, or a
+// bare address); at most 64 bytes of it when it is not an IP address.
+func networkOf(remoteAddr string) string {
+	host := remoteAddr
+	if h, _, err := net.SplitHostPort(remoteAddr); err == nil {
 		host = h
 	}
 	addr, err := netip.ParseAddr(host)

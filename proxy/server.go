@@ -193,7 +193,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("proxy listen on %s: %w", s.opts.BindAddress, err)
 	}
-	ln = limitConnections(ln, s.opts.MaxConnections)
+	ln = limitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/connectionsPerNetworkDivisor)
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: s.opts.ReadHeaderTimeout,
