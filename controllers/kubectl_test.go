@@ -75,13 +75,15 @@ func TestKubectlGetShowsTheColumns(t *testing.T) {
 		t.Errorf("-o wide does not show the precedence:\n%s", wide)
 	}
 
-	// An Exempt budget ignores its limits: "-", not the defaults.
+	// An Exempt budget ignores its limits and aggregate: "-", not the
+	// defaults nor the spec's numbers.
 	createBudget(t, &v1alpha1.WatchBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: "kubectl-exempt"},
 		Spec: v1alpha1.WatchBudgetSpec{
 			Precedence:  78,
 			Enforcement: v1alpha1.EnforcementExempt,
 			Subjects:    []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "kubectl-exempt"}},
+			Aggregate:   &v1alpha1.Aggregate{MaxConcurrentWatches: ptr.To[int32](400)},
 		},
 	})
 	eventually(t, reloadDeadline, "the Exempt budget's row", func() error {
@@ -90,7 +92,7 @@ func TestKubectlGetShowsTheColumns(t *testing.T) {
 			return err
 		}
 		row := strings.Fields(out)
-		if want := []string{"kubectl-exempt", "Exempt", "Any", "-", "-", "-"}; len(row) < len(want) || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
+		if want := []string{"kubectl-exempt", "Exempt", "Any", "-", "-", "-", "-"}; len(row) < len(want) || strings.Join(row[:len(want)], " ") != strings.Join(want, " ") {
 			return fmt.Errorf("row = %q, want it to start with %q", row, want)
 		}
 		return nil

@@ -77,7 +77,8 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		WithLimits(wbac.ShownLimits().
 			WithWatchOpensPerMinute(limits.WatchOpensPerMinute).
 			WithWatchBurst(limits.WatchBurst).
-			WithMaxConcurrentWatches(limits.MaxConcurrentWatches))
+			WithMaxConcurrentWatches(limits.MaxConcurrentWatches).
+			WithAggregateMaxConcurrentWatches(limits.AggregateMaxConcurrentWatches))
 	return ctrl.Result{}, client.IgnoreNotFound(applyStatus(ctx, r.Client, wb.Name, status, fieldOwnerController))
 }
 
@@ -102,12 +103,12 @@ func readyCondition(wb *v1alpha1.WatchBudget, now time.Time) metav1.Condition {
 	return c
 }
 
-// shownLimits are spec's limits as text: "-" for each when the budget is
-// Exempt, which ignores them; "" for one the spec leaves unset (the API
-// server defaults them all).
+// shownLimits are spec's limits and aggregate cap as text: "-" for each
+// when the budget is Exempt, which ignores them; "" for one the spec leaves
+// unset (the API server defaults the limits; an unset aggregate is no cap).
 func shownLimits(spec *v1alpha1.WatchBudgetSpec) v1alpha1.ShownLimits {
 	if spec.Enforcement == v1alpha1.EnforcementExempt {
-		return v1alpha1.ShownLimits{WatchOpensPerMinute: "-", WatchBurst: "-", MaxConcurrentWatches: "-"}
+		return v1alpha1.ShownLimits{WatchOpensPerMinute: "-", WatchBurst: "-", MaxConcurrentWatches: "-", AggregateMaxConcurrentWatches: "-"}
 	}
 	show := func(v *int32) string {
 		if v == nil {
@@ -116,7 +117,11 @@ func shownLimits(spec *v1alpha1.WatchBudgetSpec) v1alpha1.ShownLimits {
 		return strconv.Itoa(int(*v))
 	}
 	l := &spec.Limits
-	return v1alpha1.ShownLimits{WatchOpensPerMinute: show(l.WatchOpensPerMinute), WatchBurst: show(l.WatchBurst), MaxConcurrentWatches: show(l.MaxConcurrentWatches)}
+	shown := v1alpha1.ShownLimits{WatchOpensPerMinute: show(l.WatchOpensPerMinute), WatchBurst: show(l.WatchBurst), MaxConcurrentWatches: show(l.MaxConcurrentWatches)}
+	if a := spec.Aggregate; a != nil {
+		shown.AggregateMaxConcurrentWatches = show(a.MaxConcurrentWatches)
+	}
+	return shown
 }
 
 // sameCondition compares what a condition says, timestamps aside.

@@ -78,6 +78,12 @@ type ShownLimits struct {
 	// +kubebuilder:validation:MaxLength=16
 	// +optional
 	MaxConcurrentWatches string `json:"maxConcurrentWatches,omitempty"`
+
+	// aggregateMaxConcurrentWatches is spec.aggregate.maxConcurrentWatches,
+	// or "-".
+	// +kubebuilder:validation:MaxLength=16
+	// +optional
+	AggregateMaxConcurrentWatches string `json:"aggregateMaxConcurrentWatches,omitempty"`
 }
 
 // ReplicaStatus is one proxy replica's live view of a budget.

@@ -23,7 +23,7 @@ import (
 // +kubebuilder:printcolumn:name="Opens/min",type=string,JSONPath=`.status.limits.watchOpensPerMinute`,description="Watch opens per minute per identity (0: unlimited; -: Exempt ignores it)."
 // +kubebuilder:printcolumn:name="Burst",type=string,JSONPath=`.status.limits.watchBurst`,description="Watch opens an identity may make at once (-: Exempt ignores it)."
 // +kubebuilder:printcolumn:name="Max watches",type=string,JSONPath=`.status.limits.maxConcurrentWatches`,description="Watches an identity may hold open at once (0: no cap; -: Exempt ignores it)."
-// +kubebuilder:printcolumn:name="Aggregate",type=integer,JSONPath=`.spec.aggregate.maxConcurrentWatches`,description="Watches each caller may hold open for the users it impersonates, in sum (empty: no cap)."
+// +kubebuilder:printcolumn:name="Aggregate",type=string,JSONPath=`.status.limits.aggregateMaxConcurrentWatches`,description="Watches each caller may hold open for the users it impersonates, in sum (empty: no cap; -: Exempt ignores it)."
 // +kubebuilder:printcolumn:name="Active",type=integer,JSONPath=`.status.activeWatches`,description="Watches open right now, over all proxy replicas."
 // +kubebuilder:printcolumn:name="Rejections",type=integer,JSONPath=`.status.recentRejections`,description="Requests rejected (or, in DryRun, that would have been) in the last 5 minutes, over all proxy replicas."
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the budget is valid and enforced."

@@ -150,6 +150,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.watchgate.watchgate.api.v1alpha1.ShownLimits
   map:
     fields:
+    - name: aggregateMaxConcurrentWatches
+      type:
+        scalar: string
     - name: maxConcurrentWatches
       type:
         scalar: string

@@ -14,6 +14,9 @@ type ShownLimitsApplyConfiguration struct {
 	WatchBurst *string `json:"watchBurst,omitempty"`
 	// maxConcurrentWatches is spec.limits.maxConcurrentWatches, or "-".
 	MaxConcurrentWatches *string `json:"maxConcurrentWatches,omitempty"`
+	// aggregateMaxConcurrentWatches is spec.aggregate.maxConcurrentWatches,
+	// or "-".
+	AggregateMaxConcurrentWatches *string `json:"aggregateMaxConcurrentWatches,omitempty"`
 }
 
 // ShownLimitsApplyConfiguration constructs a declarative configuration of the ShownLimits type for use with
@@ -43,5 +46,13 @@ func (b *ShownLimitsApplyConfiguration) WithWatchBurst(value string) *ShownLimit
 // If called multiple times, the MaxConcurrentWatches field is set to the value of the last call.
 func (b *ShownLimitsApplyConfiguration) WithMaxConcurrentWatches(value string) *ShownLimitsApplyConfiguration {
 	b.MaxConcurrentWatches = &value
+	return b
+}
+
+// WithAggregateMaxConcurrentWatches sets the AggregateMaxConcurrentWatches field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AggregateMaxConcurrentWatches field is set to the value of the last call.
+func (b *ShownLimitsApplyConfiguration) WithAggregateMaxConcurrentWatches(value string) *ShownLimitsApplyConfiguration {
+	b.AggregateMaxConcurrentWatches = &value
 	return b
 }
