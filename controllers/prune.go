@@ -29,6 +29,12 @@ const DefaultPruneInterval = time.Minute
 // its own entries, one that crashes or is evicted cannot. It runs on the
 // leader only.
 //
+// It prunes only while this replica's own pod, Pod, is in Namespace: that
+// is what tells it that the replicas run as pods there. A process that is
+// no pod of Namespace (run outside the cluster, its namespace named by
+// hand) cannot tell a gone replica from one running elsewhere, and prunes
+// nothing.
+//
 // An entry belongs to another field manager (its replica's), so applying
 // cannot remove it; the pruner sends a JSON patch that tests the entry's pod
 // name at its index before removing it, so that a concurrent change of the
@@ -44,6 +50,9 @@ type ReplicaPruner struct {
 	PodReader client.Reader
 	// Namespace the replicas' pods run in. Empty disables pruning.
 	Namespace string
+	// Pod is this replica's pod name; while no pod of that name is in
+	// Namespace, a round prunes nothing.
+	Pod string
 	// Interval between rounds; DefaultPruneInterval when zero.
 	Interval time.Duration
 	// Clock ticks the rounds; SetupWithManager sets it (a fake one in tests).
@@ -67,7 +76,8 @@ func (p *ReplicaPruner) Start(ctx context.Context) error {
 	return nil
 }
 
-// Prune removes, from every budget, the entries of pods that do not exist.
+// Prune removes, from every budget, the entries of pods that do not exist
+// in Namespace; nothing when this replica's own pod is not there.
 func (p *ReplicaPruner) Prune(ctx context.Context) error {
 	var pods metav1.PartialObjectMetadataList
 	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
@@ -77,6 +87,10 @@ func (p *ReplicaPruner) Prune(ctx context.Context) error {
 	live := make(map[string]bool, len(pods.Items))
 	for _, pod := range pods.Items {
 		live[pod.Name] = true
+	}
+	if !live[p.Pod] {
+		logf.FromContext(ctx).V(1).Info("Not pruning: this replica is no pod of the namespace", "pod", p.Pod)
+		return nil
 	}
 	var list v1alpha1.WatchBudgetList
 	if err := p.Reader.List(ctx, &list); err != nil {

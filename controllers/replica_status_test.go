@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -109,6 +110,66 @@ func TestPrunerRemovesEntriesOfGonePods(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the ghost's entry pruned, the live one kept", statusIs("prune", map[string]entry{"replica-live": live}, 0, 0))
+}
+
+// A replica that is not a pod in the namespace it was given (a process
+// outside the cluster run with --pod-namespace by hand) prunes nothing: the
+// entries of other replicas' pods, wherever they run, and its own stay. Once
+// its own pod is there, it prunes the entries of pods that are not.
+func TestPrunerPrunesOnlyFromItsOwnPodsNamespace(t *testing.T) {
+	ctx := context.Background()
+	const ns = "watchgate-prune-outside"
+	if _, err := env.ServiceAccount(ctx, ns, "default"); err != nil { // creates the namespace too
+		t.Fatal(err)
+	}
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "prune-outside"},
+		Spec:       v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "prune-outside-*"}}},
+	})
+	for _, pod := range []string{"laptop", "replica-elsewhere"} {
+		e := map[string]any{"pod": pod, "activeWatches": int64(1), "lastUpdateTime": time.Now().UTC().Format(time.RFC3339)}
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": v1alpha1.GroupVersion.String(), "kind": "WatchBudget",
+			"metadata": map[string]any{"name": "prune-outside"},
+			"status":   map[string]any{"replicas": []any{e}},
+		}}
+		if err := admin.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("watchgate-replica-"+pod), client.ForceOwnership); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods := func() []string {
+		var got []string
+		for _, r := range getBudget(t, "prune-outside").Status.Replicas {
+			got = append(got, r.Pod)
+		}
+		slices.Sort(got)
+		return got
+	}
+	p := &controllers.ReplicaPruner{Client: admin, Reader: admin, PodReader: admin, Namespace: ns, Pod: "laptop"}
+	if err := p.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := pods(), []string{"laptop", "replica-elsewhere"}; !slices.Equal(got, want) {
+		t.Errorf("entries after pruning from outside the namespace: %q, want %q", got, want)
+	}
+
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "laptop"},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{{Name: "watchgate", Image: "watchgate:test"}},
+		},
+	}
+	if err := admin.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+	if err := p.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := pods(), []string{"laptop"}; !slices.Equal(got, want) {
+		t.Errorf("entries after pruning as a pod of the namespace: %q, want %q", got, want)
+	}
 }
 
 // entry is what a test expects of a replica's status entry.

@@ -19,7 +19,7 @@ type Options struct {
 	PodName string
 	// Namespace is the namespace the replicas' pods run in (downward API
 	// metadata.namespace). The leader prunes entries of pods missing from
-	// it. Empty disables pruning (running outside a cluster).
+	// it, while its own pod (PodName) is there. Empty disables pruning.
 	Namespace string
 	// ThrottleEvents, when set, is started to record Events; its
 	// OnThrottled must be the engine's ratelimit.Options.OnThrottled. Build
@@ -80,7 +80,7 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	}
 	c.Pruner = &ReplicaPruner{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), PodReader: mgr.GetAPIReader(),
-		Namespace: opts.Namespace, Interval: opts.PruneInterval, Clock: opts.Clock,
+		Namespace: opts.Namespace, Pod: opts.PodName, Interval: opts.PruneInterval, Clock: opts.Clock,
 	}
 	if err := c.Policy.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up policy reconciler: %w", err)
