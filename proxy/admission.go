@@ -92,10 +92,12 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 					if lead != nil {
 						lead.handOver()
 					}
+					a.warnGuard(w, a.clock.Now(), caller, reason, mem)
 					a.guard.refuse(w, r, reason, mem)
 					return
 				}
 				defer a.guard.release(caller)
+				a.warnGuardOwed(w, caller)
 			}
 			a.serveWatch(w, r, c, &d, start, lead, next)
 		default:

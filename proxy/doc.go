@@ -26,7 +26,8 @@
 //	                    watch asks the watch guard (watchguard.go) for a place on the
 //	                    replica: 503 above --memory-high-water-percent of
 //	                    GOMEMLIMIT, 429 at --max-watches, at --max-watches-per-identity, and
-//	                    near either limit beyond the caller's fair share
+//	                    near either limit beyond the caller's fair share; each with a
+//	                    Warning naming the limit, once a minute per caller
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
 //	                    admitted watch's 200 headers are sent at once (watchheaders.go)
 //

@@ -22,16 +22,24 @@ import (
 // have rejected the request, a 429, a local stale-version answer; at most
 // one per identity and budget per warningInterval (warningLimiter).
 //
-// client-go retries a 429 that has a Retry-After by itself and shows
+// A watch the replica's own guard refused (watchguard.go) carries one too,
+// naming the guard's reason and the flag that set the limit: at most one
+// per caller per warningInterval, whatever the reason.
+//
+// client-go retries a 429 or 503 that has a Retry-After by itself and shows
 // nothing of it, its warnings included: so the next admitted request of
 // the identity under the same budget repeats the rejection's warning
-// ("… rejected an earlier list …"), once.
+// ("… rejected an earlier list …"), and the caller's next watch the guard
+// admits repeats the guard's ("… refused an earlier watch …"), once.
 const (
 	// warningInterval is the least time between two warnings to one
 	// identity about one budget.
 	warningInterval = time.Minute
 	// maxWarnedIdentities bounds the (identity, budget) pairs remembered.
 	maxWarnedIdentities = 16384
+	// guardWarnings is the budget under which guard refusals are
+	// remembered: no WatchBudget has this name ('/' is not allowed in one).
+	guardWarnings = "/guard"
 )
 
 // warn adds the Warning header that says what budget did to the request
@@ -87,10 +95,42 @@ func warningText(v ratelimit.Verb, d *ratelimit.Decision) string {
 	}
 }
 
-// rejection is what a repeated warning says about a 429.
+// warnGuard adds the Warning header that says why the watch guard g
+// refused a watch of caller at now (reason, memory sample s), unless that
+// caller was warned about a guard refusal within warningInterval.
+func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *memorySample) {
+	if a.warnings == nil || !a.warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: guardRetryAfterSeconds}) {
+		return
+	}
+	text := fmt.Sprintf("watchgate refused this watch on this replica (%s: %s); retry after %ds", reason, a.guard.refusalText(reason, s), guardRetryAfterSeconds)
+	if h, err := utilnet.NewWarningHeader(299, "-", text); err == nil {
+		w.Header().Add("Warning", h)
+	}
+}
+
+// warnGuardOwed adds, to a watch of caller the guard admitted, the Warning
+// header owed for the guard's last refusal of that caller, if any.
+func (a *admission) warnGuardOwed(w http.ResponseWriter, caller string) {
+	if a.warnings == nil {
+		return
+	}
+	r, ok := a.warnings.owed(caller, guardWarnings)
+	if !ok {
+		return
+	}
+	text := fmt.Sprintf("watchgate refused an earlier watch on this replica (%s: %s); retried after %ds", r.guard, a.guard.refusalText(r.guard, nil), r.retryAfterSeconds)
+	if h, err := utilnet.NewWarningHeader(299, "-", text); err == nil {
+		w.Header().Add("Warning", h)
+	}
+}
+
+// rejection is what a repeated warning says about a 429 (or a guard's 503).
 type rejection struct {
-	verb              ratelimit.Verb
-	reason            ratelimit.Reason // one of the engine's constants, not a copy
+	verb   ratelimit.Verb
+	reason ratelimit.Reason // one of the engine's constants, not a copy
+	// guard, for a refusal of the watch guard, is its reason (one of the
+	// Guard constants), and reason is empty.
+	guard             string
 	retryAfterSeconds int
 }
 

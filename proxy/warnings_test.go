@@ -12,6 +12,7 @@ import (
 
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -224,5 +225,98 @@ func TestWarningsReachTheClient(t *testing.T) {
 		if strings.Join(got, "\n") != strings.Join(want, "\n") {
 			t.Errorf("step %d: warnings %q, want %q", i, got, want)
 		}
+	}
+}
+
+// A watch the replica's guard refused carries a Warning naming the reason
+// and the flag that set the limit, once per caller within the interval;
+// the caller's next watch the guard admits repeats it, once, since
+// client-go retries the refusal without showing it.
+func TestGuardRefusalsWarnTheClient(t *testing.T) {
+	var inUse atomic.Uint64
+	inUse.Store(90 * mib)
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	release := make(chan struct{})
+	defer close(release)
+	g := newWatchGuard(2, 1, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
+	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 10 * time.Millisecond, guard: g, warnings: newWarningLimiter(time.Hour, 100)},
+		guardedUpstream(t, release))
+	watch := func(token string) (int, []string) {
+		t.Helper()
+		resp, _ := get(t, px, token, "/api/v1/namespaces/a/configmaps?watch=true")
+		parsed, errs := utilnet.ParseWarningHeaders(resp.Header["Warning"])
+		if len(errs) > 0 {
+			t.Errorf("Warning headers %q do not parse: %v", resp.Header["Warning"], errs)
+		}
+		var texts []string
+		for _, p := range parsed {
+			texts = append(texts, fmt.Sprintf("%d %s", p.Code, p.Text))
+		}
+		return resp.StatusCode, texts
+	}
+	for i, step := range []struct {
+		// before runs ahead of the step's watch.
+		before   func()
+		token    string
+		wantCode int
+		want     string // "" for none
+	}{
+		{nil, "alice", 503,
+			"299 watchgate refused this watch on this replica (MemoryHighWater: 90 of 100 MiB in use, above --memory-high-water-percent=85); retry after 5s"},
+		// client-go retries it once memory went down: the admitted watch
+		// repeats the warning, once.
+		{func() { inUse.Store(10 * mib); clk.SetTime(clk.Now().Add(time.Second)) }, "alice", 200,
+			"299 watchgate refused an earlier watch on this replica (MemoryHighWater: memory in use above --memory-high-water-percent=85); retried after 5s"},
+		{nil, "alice", 200, ""},
+		// Another caller is warned on its own.
+		{func() {
+			holdPath(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
+			waitFor(t, "the agent's watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
+		}, "agent", 429,
+			"299 watchgate refused this watch on this replica (MaxWatchesPerIdentity: you hold --max-watches-per-identity=1 watches); retry after 5s"},
+		{nil, "agent", 429, ""},
+		// Within the interval alice is not warned again, whatever the
+		// reason.
+		{func() {
+			holdPath(t, px, "alice", "/apis/two.example/v1/things?watch=true&resourceVersion=5")
+			waitFor(t, "two watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 2 })
+		}, "alice", 429, ""},
+	} {
+		if step.before != nil {
+			step.before()
+		}
+		code, got := watch(step.token)
+		if code != step.wantCode {
+			t.Errorf("step %d: HTTP %d, want %d", i, code, step.wantCode)
+		}
+		var want []string
+		if step.want != "" {
+			want = []string{step.want}
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("step %d: warnings %q, want %q", i, got, want)
+		}
+	}
+}
+
+func TestGuardRefusalText(t *testing.T) {
+	g := newWatchGuard(4000, 1000, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	uncapped := newWatchGuard(0, 0, 90, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	for name, tc := range map[string]struct {
+		g      *watchGuard
+		reason string
+		want   string
+	}{
+		"the replica's watch cap":  {g, GuardMaxWatches, "it forwards --max-watches=4000 watches"},
+		"the cap per identity":     {g, GuardMaxWatchesPerIdentity, "you hold --max-watches-per-identity=1000 watches"},
+		"fair share near the cap":  {g, GuardFairShare, "near --max-watches=4000 or --memory-high-water-percent=85, you hold your fair share of the watches"},
+		"fair share without a cap": {uncapped, GuardFairShare, "near --memory-high-water-percent=90, you hold your fair share of the watches"},
+		"memory, sample not known": {g, GuardMemoryHighWater, "memory in use above --memory-high-water-percent=85"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := tc.g.refusalText(tc.reason, nil); got != tc.want {
+				t.Errorf("refusalText = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

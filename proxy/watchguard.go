@@ -83,8 +83,10 @@ type watchGuard struct {
 	// watches are refused; at 1 or above, or without a limit, memory is
 	// not checked.
 	highWater float64
-	memory    *memorySampler
-	clock     clock.PassiveClock
+	// highWaterPercent is highWater in percent, as the flag set it.
+	highWaterPercent int
+	memory           *memorySampler
+	clock            clock.PassiveClock
 
 	mu   sync.Mutex
 	open int64            // guarded by mu
@@ -93,7 +95,7 @@ type watchGuard struct {
 
 func newWatchGuard(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *watchGuard {
 	return &watchGuard{
-		maxWatches: int64(maxWatches), perIdentity: int64(perIdentity), highWater: float64(highWaterPercent) / 100,
+		maxWatches: int64(maxWatches), perIdentity: int64(perIdentity), highWater: float64(highWaterPercent) / 100, highWaterPercent: highWaterPercent,
 		memory: newMemorySampler(read), clock: clk, held: map[string]int64{},
 	}
 }
@@ -202,6 +204,28 @@ func (g *watchGuard) refuse(w http.ResponseWriter, r *http.Request, reason strin
 			g.maxWatches, guardRetryAfterSeconds), guardRetryAfterSeconds)
 	}
 	writeStatus(w, r, e)
+}
+
+// refusalText says, for a Warning header, which limit a refusal for reason
+// met and which flag sets it; with the memory sample s (nil: not known),
+// how much memory is in use.
+func (g *watchGuard) refusalText(reason string, s *memorySample) string {
+	switch reason {
+	case GuardMemoryHighWater:
+		if s != nil {
+			return fmt.Sprintf("%d of %d MiB in use, above --memory-high-water-percent=%d", s.inUse>>20, s.limit>>20, g.highWaterPercent)
+		}
+		return fmt.Sprintf("memory in use above --memory-high-water-percent=%d", g.highWaterPercent)
+	case GuardMaxWatchesPerIdentity:
+		return fmt.Sprintf("you hold --max-watches-per-identity=%d watches", g.perIdentity)
+	case GuardFairShare:
+		if g.maxWatches <= 0 {
+			return fmt.Sprintf("near --memory-high-water-percent=%d, you hold your fair share of the watches", g.highWaterPercent)
+		}
+		return fmt.Sprintf("near --max-watches=%d or --memory-high-water-percent=%d, you hold your fair share of the watches", g.maxWatches, g.highWaterPercent)
+	default:
+		return fmt.Sprintf("it forwards --max-watches=%d watches", g.maxWatches)
+	}
 }
 
 // The guard's metrics, next to the guard (registered with the proxy's).
