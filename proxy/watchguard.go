@@ -94,6 +94,7 @@ type watchGuard struct {
 }
 
 func newWatchGuard(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *watchGuard {
+	guardMaxWatches.Set(float64(maxWatches))
 	return &watchGuard{
 		maxWatches: int64(maxWatches), perIdentity: int64(perIdentity), highWater: float64(highWaterPercent) / 100, highWaterPercent: highWaterPercent,
 		memory: newMemorySampler(read), clock: clk, held: map[string]int64{},
@@ -239,8 +240,13 @@ var (
 		Name: "watchgate_proxy_guard_callers",
 		Help: "Callers (authenticated identities) holding at least one watch through this replica, among whom its watches are shared near its limits.",
 	})
+
+	guardMaxWatches = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "watchgate_proxy_max_watches",
+		Help: "The replica's --max-watches: the most watches it forwards at once, beyond which new ones get 429 (0: no cap).",
+	})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(guardRejections, guardCallers)
+	ctrlmetrics.Registry.MustRegister(guardRejections, guardCallers, guardMaxWatches)
 }
