@@ -24,13 +24,13 @@ func TestMetricTableListsEveryMetric(t *testing.T) {
 		t.Fatalf("found %d metric definitions in the code, want all of them: %v", len(code), code)
 	}
 	doc := documentedMetrics(t, readFile(t, metricsDoc))
-	for name, labels := range code {
+	for name, m := range code {
 		got, ok := doc[name]
 		switch {
 		case !ok:
-			t.Errorf("%s (labels %v) is not in the metric table of %s", name, labels, metricsDoc)
-		case !slices.Equal(got, labels):
-			t.Errorf("%s: %s lists labels %v, the code has %v", name, metricsDoc, got, labels)
+			t.Errorf("%s (labels %v) is not in the metric table of %s", name, m.labels, metricsDoc)
+		case !slices.Equal(got, m.labels):
+			t.Errorf("%s: %s lists labels %v, the code has %v", name, metricsDoc, got, m.labels)
 		}
 	}
 	for name := range doc {
@@ -40,12 +40,20 @@ func TestMetricTableListsEveryMetric(t *testing.T) {
 	}
 }
 
+// definedMetric is what the code says of one metric.
+type definedMetric struct {
+	labels []string
+	// histogram: exposed as the series <name>_bucket (with the label le),
+	// <name>_sum and <name>_count.
+	histogram bool
+}
+
 // definedMetrics finds every prometheus.NewX(XOpts{Name: "…"}, []string{…})
 // in the product's non-test Go files (not under hack/ or test/) and returns
-// each metric's labels.
-func definedMetrics(t *testing.T) map[string][]string {
+// each metric's labels and kind.
+func definedMetrics(t *testing.T) map[string]definedMetric {
 	t.Helper()
-	metrics := map[string][]string{}
+	metrics := map[string]definedMetric{}
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -116,7 +124,7 @@ func definedMetrics(t *testing.T) map[string][]string {
 			if _, dup := metrics[name]; dup {
 				t.Errorf("%s: %s is defined twice", fset.Position(call.Pos()), name)
 			}
-			metrics[name] = labels
+			metrics[name] = definedMetric{labels: labels, histogram: strings.HasPrefix(sel.Sel.Name, "NewHistogram")}
 			return true
 		})
 		return nil
