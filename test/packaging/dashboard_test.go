@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // dashboardFile is the Grafana dashboard the chart ships.
@@ -53,26 +55,8 @@ func TestDashboardQueriesNameExposedMetrics(t *testing.T) {
 	read := map[string]bool{}
 	check := func(where, query string, extraLabels ...string) {
 		t.Helper()
-		sels, err := promQLSelectors(query)
-		if err != nil {
-			t.Errorf("%s: %q: %v", where, query, err)
-			return
-		}
-		if len(sels) == 0 {
-			t.Errorf("%s: %q names no metric", where, query)
-		}
-		for _, s := range sels {
-			labels, ok := exposed[s.metric]
-			if !ok {
-				t.Errorf("%s: %q names %s, which watchgate's /metrics does not expose", where, query, s.metric)
-				continue
-			}
-			read[s.metric] = true
-			for _, l := range append(s.labels, extraLabels...) {
-				if !slices.Contains(labels, l) && !slices.Contains(targetLabels, l) {
-					t.Errorf("%s: %q selects label %s of %s, which has only %v (and the target's %v)", where, query, l, s.metric, labels, targetLabels)
-				}
-			}
+		for _, m := range checkQuery(t, exposed, where, query, extraLabels...) {
+			read[m] = true
 		}
 	}
 	ids := map[int]bool{}
@@ -135,6 +119,58 @@ func TestDashboardQueriesNameExposedMetrics(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Every alert of the chart's PrometheusRule names only series and labels
+// watchgate's /metrics serves, as the dashboard's queries do.
+func TestAlertQueriesNameExposedMetrics(t *testing.T) {
+	exposed := exposedSeries(definedMetrics(t))
+	rule := find(t, decode(t, render(t, "watchgate", "monitoring", "--set", "metrics.prometheusRule.enabled=true")), "PrometheusRule", "")
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	alerts := 0
+	for _, g := range groups {
+		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rules {
+			r := r.(map[string]any)
+			expr, _ := r["expr"].(string)
+			checkQuery(t, exposed, fmt.Sprintf("alert %v", r["alert"]), expr)
+			alerts++
+		}
+	}
+	if alerts < 5 {
+		t.Errorf("%d alerts in the PrometheusRule, want all of them", alerts)
+	}
+}
+
+// checkQuery fails t unless query is well-formed as far as promQLSelectors
+// can tell, names at least one series, and only series exposed serves,
+// selecting only their labels (and extraLabels, which a caller knows the
+// query reads). It returns the series named.
+func checkQuery(t *testing.T, exposed map[string][]string, where, query string, extraLabels ...string) []string {
+	t.Helper()
+	sels, err := promQLSelectors(query)
+	if err != nil {
+		t.Errorf("%s: %q: %v", where, query, err)
+		return nil
+	}
+	if len(sels) == 0 {
+		t.Errorf("%s: %q names no metric", where, query)
+	}
+	var named []string
+	for _, s := range sels {
+		labels, ok := exposed[s.metric]
+		if !ok {
+			t.Errorf("%s: %q names %s, which watchgate's /metrics does not expose", where, query, s.metric)
+			continue
+		}
+		named = append(named, s.metric)
+		for _, l := range append(s.labels, extraLabels...) {
+			if !slices.Contains(labels, l) && !slices.Contains(targetLabels, l) {
+				t.Errorf("%s: %q selects label %s of %s, which has only %v (and the target's %v)", where, query, l, s.metric, labels, targetLabels)
+			}
+		}
+	}
+	return named
 }
 
 type dashboardPanel struct {

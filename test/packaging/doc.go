@@ -38,10 +38,11 @@
 //   - the WatchBudget examples of docs/operators.md pass validation;
 //   - docs/operators.md's metric table lists every metric the code defines,
 //     with its labels, and nothing else (metrics_test.go);
-//   - every query of the Grafana dashboard names only series and labels
-//     that /metrics serves, the dashboard reads what each of its views
-//     needs, and dashboard.enabled renders it as a ConfigMap for Grafana's
-//     sidecar (dashboard_test.go);
+//   - every query of the Grafana dashboard and every alert of the
+//     PrometheusRule names only series and labels that /metrics serves,
+//     the dashboard reads what each of its views needs, and
+//     dashboard.enabled renders it as a ConfigMap for Grafana's sidecar
+//     (dashboard_test.go);
 //   - the repository holds source only: no tracked file over 1 MiB, no
 //     compiled program, no NUL bytes outside images, and .gitignore covers
 //     what the Makefile and hack/ build (tree_test.go).
