@@ -78,17 +78,7 @@ func TestPrunerRemovesEntriesOfGonePods(t *testing.T) {
 	if _, err := env.ServiceAccount(ctx, ns, "default"); err != nil { // creates the namespace too
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "replica-live"},
-		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken: ptr.To(false),
-			Containers:                   []corev1.Container{{Name: "watchgate", Image: "watchgate:test"}},
-		},
-	}
-	if err := admin.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+	createPod(t, ns, "replica-live")
 
 	startReplica(t, replicaOptions{Options: controllers.Options{PodName: "replica-live", Namespace: ns, PruneInterval: 100 * time.Millisecond}})
 	createBudget(t, &v1alpha1.WatchBudget{
@@ -153,23 +143,30 @@ func TestPrunerPrunesOnlyFromItsOwnPodsNamespace(t *testing.T) {
 		t.Errorf("entries after pruning from outside the namespace: %q, want %q", got, want)
 	}
 
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "laptop"},
-		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken: ptr.To(false),
-			Containers:                   []corev1.Container{{Name: "watchgate", Image: "watchgate:test"}},
-		},
-	}
-	if err := admin.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+	createPod(t, ns, "laptop")
 	if err := p.Prune(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := pods(), []string{"laptop"}; !slices.Equal(got, want) {
 		t.Errorf("entries after pruning as a pod of the namespace: %q, want %q", got, want)
 	}
+}
+
+// createPod creates a replica's pod (no kubelet runs it) in ns, deleted at
+// cleanup.
+func createPod(t *testing.T, ns, name string) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{{Name: "watchgate", Image: "watchgate:test"}},
+		},
+	}
+	if err := admin.Create(context.Background(), pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
 }
 
 // entry is what a test expects of a replica's status entry.

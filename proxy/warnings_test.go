@@ -178,15 +178,7 @@ func TestWarningsReachTheClient(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
-		var texts []string
-		parsed, errs := utilnet.ParseWarningHeaders(resp.Header["Warning"])
-		if len(errs) > 0 {
-			t.Errorf("Warning headers %q do not parse: %v", resp.Header["Warning"], errs)
-		}
-		for _, p := range parsed {
-			texts = append(texts, fmt.Sprintf("%d %s", p.Code, p.Text))
-		}
-		return resp.StatusCode, texts
+		return resp.StatusCode, warningTexts(t, resp.Header)
 	}
 	for i, step := range []struct {
 		decision     ratelimit.Decision
@@ -218,13 +210,7 @@ func TestWarningsReachTheClient(t *testing.T) {
 		if code != step.wantCode {
 			t.Errorf("step %d: HTTP %d, want %d", i, code, step.wantCode)
 		}
-		var want []string
-		if step.want != "" {
-			want = []string{step.want}
-		}
-		if strings.Join(got, "\n") != strings.Join(want, "\n") {
-			t.Errorf("step %d: warnings %q, want %q", i, got, want)
-		}
+		checkWarning(t, i, got, step.want)
 	}
 }
 
@@ -244,15 +230,7 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 	watch := func(token string) (int, []string) {
 		t.Helper()
 		resp, _ := get(t, px, token, "/api/v1/namespaces/a/configmaps?watch=true")
-		parsed, errs := utilnet.ParseWarningHeaders(resp.Header["Warning"])
-		if len(errs) > 0 {
-			t.Errorf("Warning headers %q do not parse: %v", resp.Header["Warning"], errs)
-		}
-		var texts []string
-		for _, p := range parsed {
-			texts = append(texts, fmt.Sprintf("%d %s", p.Code, p.Text))
-		}
-		return resp.StatusCode, texts
+		return resp.StatusCode, warningTexts(t, resp.Header)
 	}
 	for i, step := range []struct {
 		// before runs ahead of the step's watch.
@@ -289,13 +267,7 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 		if code != step.wantCode {
 			t.Errorf("step %d: HTTP %d, want %d", i, code, step.wantCode)
 		}
-		var want []string
-		if step.want != "" {
-			want = []string{step.want}
-		}
-		if strings.Join(got, "\n") != strings.Join(want, "\n") {
-			t.Errorf("step %d: warnings %q, want %q", i, got, want)
-		}
+		checkWarning(t, i, got, step.want)
 	}
 }
 
@@ -318,5 +290,32 @@ func TestGuardRefusalText(t *testing.T) {
 				t.Errorf("refusalText = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// warningTexts reads the Warning headers of h as "code text" lines.
+func warningTexts(t *testing.T, h http.Header) []string {
+	t.Helper()
+	parsed, errs := utilnet.ParseWarningHeaders(h["Warning"])
+	if len(errs) > 0 {
+		t.Errorf("Warning headers %q do not parse: %v", h["Warning"], errs)
+	}
+	var texts []string
+	for _, p := range parsed {
+		texts = append(texts, fmt.Sprintf("%d %s", p.Code, p.Text))
+	}
+	return texts
+}
+
+// checkWarning fails t unless step's answer carried exactly the warning
+// want ("" for none).
+func checkWarning(t *testing.T, step int, got []string, want string) {
+	t.Helper()
+	var wants []string
+	if want != "" {
+		wants = []string{want}
+	}
+	if strings.Join(got, "\n") != strings.Join(wants, "\n") {
+		t.Errorf("step %d: warnings %q, want %q", step, got, wants)
 	}
 }

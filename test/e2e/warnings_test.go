@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -106,7 +105,7 @@ func TestKubectlPrintsGuardWarnings(t *testing.T) {
 	defer stop()
 	cmd := exec.CommandContext(kctx, filepath.Join(env.AssetsDir, "kubectl"), "--kubeconfig="+kubeconfig,
 		"get", "configmaps", "-n", ns, "-o", "name", "--watch-only")
-	var stderr syncBuffer
+	var stderr apiserver.LockedBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -126,22 +125,4 @@ func TestKubectlPrintsGuardWarnings(t *testing.T) {
 		}
 		return strings.Contains(stderr.String(), want), fmt.Errorf("stderr %q", stderr.String())
 	})
-}
-
-// syncBuffer is a strings.Builder a process may write while a test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
