@@ -95,9 +95,10 @@ func warningText(v ratelimit.Verb, d *ratelimit.Decision) string {
 	}
 }
 
-// warnGuard adds the Warning header that says why the watch guard g
-// refused a watch of caller at now (reason, memory sample s), unless that
-// caller was warned about a guard refusal within warningInterval.
+// warnGuard adds the Warning header that says why the watch guard refused
+// a watch of caller at now (reason, with the memory sample s it decided
+// on), unless that caller was warned about a guard refusal within
+// warningInterval.
 func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *memorySample) {
 	if a.warnings == nil || !a.warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: guardRetryAfterSeconds}) {
 		return
