@@ -21,8 +21,10 @@ const maxConditionMessage = 32768
 
 // ReadyReconciler maintains the status fields that are about the budget as
 // a whole: the Ready condition, the sums over the replicas' entries
-// (status.activeWatches, status.recentRejections) and the limits as
-// `kubectl get wb` shows them (status.limits, "-" when Exempt). It runs on the leader only, so one writer owns these fields
+// (status.activeWatches, status.recentRejections), the limits as
+// `kubectl get wb` shows them (status.limits, "-" when Exempt) and the
+// limits suggested from the replicas' observed peaks (status.suggested,
+// see suggestedLimits). It runs on the leader only, so one writer owns these fields
 // (field manager watchgate-controller, server-side apply). Without leader
 // election every replica runs it; they then compute the same values from
 // the same objects and apply them under the same field manager, which is
@@ -64,10 +66,14 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	ready = *meta.FindStatusCondition(conds, v1alpha1.ConditionReady)
 	active, recent := sums(wb.Status.Replicas)
 	limits := shownLimits(&wb.Spec)
+	var suggested *v1alpha1.SuggestedLimits
+	if b, err := ToBudget(&wb); err == nil {
+		suggested = suggestedLimits(&b, wb.Status.Replicas)
+	}
 
 	old := meta.FindStatusCondition(wb.Status.Conditions, v1alpha1.ConditionReady)
 	if old != nil && sameCondition(*old, ready) && wb.Status.ActiveWatches == active && wb.Status.RecentRejections == recent &&
-		wb.Status.Limits != nil && *wb.Status.Limits == limits {
+		wb.Status.Limits != nil && *wb.Status.Limits == limits && sameSuggested(wb.Status.Suggested, suggested) {
 		return ctrl.Result{}, nil
 	}
 	status := wbac.WatchBudgetStatus().
@@ -78,6 +84,9 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 			WithWatchOpensPerMinute(limits.WatchOpensPerMinute).
 			WithWatchBurst(limits.WatchBurst).
 			WithMaxConcurrentWatches(limits.MaxConcurrentWatches))
+	if suggested != nil {
+		status.WithSuggested(suggestedApply(suggested))
+	}
 	return ctrl.Result{}, client.IgnoreNotFound(applyStatus(ctx, r.Client, wb.Name, status, fieldOwnerController))
 }
 
