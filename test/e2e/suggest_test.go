@@ -1,14 +1,10 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"testing"
 	"time"
-
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -23,18 +19,9 @@ import (
 // loud users. The controllers' tests carry the same figures into
 // status.suggested.
 func TestSuggestedLimitsFromRealWatches(t *testing.T) {
-	ctx := context.Background()
 	ns := uniqueName("suggest")
-	impersonateUsers := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}}
 	agent := serviceAccount(t, ns, "agent", readWatch("configmaps"), impersonateUsers)
-	reader := serviceAccount(t, ns, "reader", readWatch("configmaps"))
-	if _, err := env.Clientset.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "everyone-reads"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "watchgate-test:" + ns + ":" + reader.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	everyoneReadsConfigMaps(t, ns)
 	agents := generous("agents-"+ns, 10)
 	agents.Impersonation = ratelimit.DirectOnly
 	agents.Subjects = []ratelimit.Subject{{Kind: ratelimit.ServiceAccount, Namespace: ns, Name: "*"}}
