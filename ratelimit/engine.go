@@ -91,7 +91,9 @@ const (
 //   - a count of open watches, capped at MaxConcurrentWatches;
 //   - backoff per watch key (group, resource, namespace, label and field
 //     selector, kept as a 128-bit hash), at most
-//     Options.MaxBackoffKeysPerIdentity keys: see WatchEnded.
+//     Options.MaxBackoffKeysPerIdentity keys: see WatchEnded;
+//   - its observed peaks, fixed-size, for the budget's ObservedPeaks (see
+//     Stats and Suggest); they change no decision.
 //
 // Engine-wide it remembers stale resourceVersions per (group, resource):
 // each reported version, and the highest one as a "too old" watermark (see
