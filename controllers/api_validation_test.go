@@ -111,11 +111,13 @@ func TestAPIServerDefaults(t *testing.T) {
 	got := []any{s.Precedence, s.Enforcement,
 		*s.Limits.WatchOpensPerMinute, *s.Limits.WatchBurst, *s.Limits.MaxConcurrentWatches, *s.Limits.InitialStateCost, *s.Limits.ListsPerMinute, *s.Limits.ListBurst,
 		*s.Backoff.InitialDelaySeconds, *s.Backoff.MaxDelaySeconds, *s.Backoff.ShortWatchSeconds, *s.Backoff.ResetAfterSeconds,
-		s.StaleVersions.Action, *s.StaleVersions.MemorySeconds}
+		s.StaleVersions.Action, *s.StaleVersions.MemorySeconds,
+		*s.Suggestion.Share, *s.Suggestion.HeadroomPercent}
 	want := []any{int32(1000), v1alpha1.EnforcementEnforce,
 		int32(60), int32(30), int32(0), int32(1), int32(0), int32(10),
 		int32(1), int32(60), int32(10), int32(120),
-		v1alpha1.StaleActionReject, int32(900)}
+		v1alpha1.StaleActionReject, int32(900),
+		int32(95), int32(150)}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("defaulted spec = %v\nwant %v", got, want)

@@ -28,6 +28,8 @@ const (
 	defaultShortWatchSeconds    = 10
 	defaultResetAfterSeconds    = 120
 	defaultStaleMemorySeconds   = 900
+	defaultSuggestionShare      = ratelimit.DefaultSuggestionShare
+	defaultSuggestionHeadroom   = ratelimit.DefaultSuggestionHeadroomPercent
 )
 
 // Compiled is the outcome of compiling a set of WatchBudgets.
@@ -128,6 +130,10 @@ func convert(wb *v1alpha1.WatchBudget) ratelimit.Budget {
 			Match:  ratelimit.StaleMatch(sv.Match),
 			Memory: seconds(deref(sv.MemorySeconds, defaultStaleMemorySeconds)),
 		},
+		Suggestion: ratelimit.Suggestion{
+			Share:           deref(s.Suggestion.Share, defaultSuggestionShare),
+			HeadroomPercent: deref(s.Suggestion.HeadroomPercent, defaultSuggestionHeadroom),
+		},
 	}
 	if b.Precedence == 0 {
 		b.Precedence = defaultPrecedence
@@ -150,6 +156,7 @@ func convert(wb *v1alpha1.WatchBudget) ratelimit.Budget {
 
 // unconvertible reports the values the CRD refuses whose conversion the
 // engine would read differently: in the engine, InitialStateCost 0 is 1,
+// a Suggestion's 0 its default,
 // StaleVersions.Memory 0 disables the memory and ResetAfter 0 clears on any
 // watch that is not a failure; none of these is what the same 0 in a
 // WatchBudget says (the CRD's minimum 1, and resetAfterSeconds >=
@@ -166,6 +173,12 @@ func unconvertible(s *v1alpha1.WatchBudgetSpec, b *ratelimit.Budget) []error {
 	}
 	if b.StaleVersions.Memory == 0 {
 		errs = append(errs, &ratelimit.FieldError{Path: "staleVersions.memory", Detail: "must be >= 1s"})
+	}
+	if b.Suggestion.Share == 0 {
+		errs = append(errs, &ratelimit.FieldError{Path: "suggestion.share", Detail: "must be >= 1"})
+	}
+	if b.Suggestion.HeadroomPercent == 0 {
+		errs = append(errs, &ratelimit.FieldError{Path: "suggestion.headroomPercent", Detail: "must be >= 100"})
 	}
 	if b.Backoff.ResetAfter == 0 && b.Backoff.ShortWatch > 0 {
 		errs = append(errs, &ratelimit.FieldError{Path: "backoff.resetAfter", Detail: fmt.Sprintf("must be >= backoff.shortWatch (%s)", b.Backoff.ShortWatch)})

@@ -33,6 +33,7 @@ func TestToBudgetConverts(t *testing.T) {
 				ShortWatchSeconds: ptr.To[int32](5), ResetAfterSeconds: ptr.To[int32](300),
 			},
 			StaleVersions: v1alpha1.StaleVersions{Action: v1alpha1.StaleActionPass, MemorySeconds: ptr.To[int32](60)},
+			Suggestion:    v1alpha1.Suggestion{Share: ptr.To[int32](80), HeadroomPercent: ptr.To[int32](200)},
 		},
 	}
 	got, err := ToBudget(wb)
@@ -49,6 +50,7 @@ func TestToBudgetConverts(t *testing.T) {
 		Limits:        ratelimit.Limits{WatchOpensPerMinute: 120, WatchBurst: 10, MaxConcurrentWatches: 50, InitialStateCost: 2, ListsPerMinute: 30, ListBurst: 5},
 		Backoff:       ratelimit.Backoff{Initial: 2 * time.Second, Max: 40 * time.Second, ShortWatch: 5 * time.Second, ResetAfter: 300 * time.Second},
 		StaleVersions: ratelimit.StaleVersions{Action: ratelimit.StalePass, Memory: time.Minute},
+		Suggestion:    ratelimit.Suggestion{Share: 80, HeadroomPercent: 200},
 	}
 	if !equalBudgets(got, want) {
 		t.Errorf("ToBudget:\n got %+v\nwant %+v", got, want)
@@ -69,6 +71,7 @@ func TestToBudgetDefaultsUnsetFields(t *testing.T) {
 		Limits:        ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1, ListBurst: 10},
 		Backoff:       ratelimit.Backoff{Initial: time.Second, Max: time.Minute, ShortWatch: 10 * time.Second, ResetAfter: 2 * time.Minute},
 		StaleVersions: ratelimit.StaleVersions{Memory: 15 * time.Minute},
+		Suggestion:    ratelimit.Suggestion{Share: 95, HeadroomPercent: 150},
 	}
 	if !equalBudgets(got, want) {
 		t.Errorf("ToBudget:\n got %+v\nwant %+v", got, want)
@@ -138,6 +141,14 @@ func TestToBudgetRejects(t *testing.T) {
 		"a zero initial-state cost, which the engine would read as 1": {
 			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{InitialStateCost: ptr.To[int32](0)}},
 			want: "limits.initialStateCost: must be >= 1",
+		},
+		"a zero share, which the engine would read as the default": {
+			spec: v1alpha1.WatchBudgetSpec{Suggestion: v1alpha1.Suggestion{Share: ptr.To[int32](0)}},
+			want: "suggestion.share: must be >= 1",
+		},
+		"a headroom that would suggest less than was observed": {
+			spec: v1alpha1.WatchBudgetSpec{Suggestion: v1alpha1.Suggestion{HeadroomPercent: ptr.To[int32](99)}},
+			want: "suggestion.headroomPercent: must be >= 100",
 		},
 		"a zero reset with a short watch": {
 			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{ShortWatchSeconds: ptr.To[int32](5), ResetAfterSeconds: ptr.To[int32](0)}},

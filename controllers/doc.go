@@ -7,14 +7,17 @@
 //     identity's buckets, open watches and backoff; an invalid budget is
 //     left out without disturbing the others.
 //   - ReadyReconciler (leader only): sets each budget's Ready condition
-//     (True/Compiled or False/InvalidSpec, with observedGeneration) and the
+//     (True/Compiled or False/InvalidSpec, with observedGeneration), the
 //     status sums shown by `kubectl get wb` (activeWatches,
-//     recentRejections), from the replicas' entries.
+//     recentRejections), and the suggested limits (status.suggested, the
+//     SUGGESTED column of `-o wide`), from the replicas' entries: it adds
+//     up their sketches and asks ratelimit.Suggest (suggest.go).
 //   - ReplicaStatusWriter (every replica): every 15 s, writes this replica's
 //     live figures (active watches, tracked identities, decisions by reason,
-//     top offenders) into its own entry of status.replicas, only when they
-//     changed — the cumulative decision counts alone at most every 5
-//     minutes, so a busy but steady budget costs no steady writes — with
+//     top offenders, the sketch of its identities' observed peaks) into its
+//     own entry of status.replicas, only when they changed — the
+//     cumulative decision counts and the sketch's buckets alone at most
+//     every 5 minutes, so a busy but steady budget costs no steady writes — with
 //     server-side apply (typed apply configurations) and a field manager of
 //     its own, so replicas never clobber each other. ReplicaPruner (leader only) removes
 //     the entries of pods that are gone.
@@ -24,7 +27,8 @@
 //
 // Who writes what in status, and why no two writers conflict:
 //
-//	status.conditions[Ready], activeWatches, recentRejections  field manager "watchgate-controller" (leader)
+//	status.conditions[Ready], activeWatches, recentRejections,
+//	limits, suggested                                         field manager "watchgate-controller" (leader)
 //	status.replicas[pod=P]                                    field manager "watchgate-replica-P" (replica P)
 //
 // Compile, ToBudget and the entry/sum helpers are pure and unit tested; the

@@ -115,7 +115,7 @@ func TestKubectlExplainDocumentsTheFields(t *testing.T) {
 	for _, field := range []string{"precedence", "subjects", "kind", "namespace", "resources", "apiGroups", "namespaces",
 		"enforcement", "limits", "watchOpensPerMinute", "watchBurst", "maxConcurrentWatches", "initialStateCost",
 		"listsPerMinute", "listBurst", "backoff", "initialDelaySeconds", "maxDelaySeconds", "shortWatchSeconds",
-		"resetAfterSeconds", "staleVersions", "action", "memorySeconds", "aggregate"} {
+		"resetAfterSeconds", "staleVersions", "action", "memorySeconds", "aggregate", "suggestion", "share", "headroomPercent"} {
 		if !strings.Contains(out, field) {
 			t.Errorf("explain --recursive lacks %s:\n%s", field, out)
 		}
@@ -126,6 +126,10 @@ func TestKubectlExplainDocumentsTheFields(t *testing.T) {
 		"watchbudget.spec.enforcement":                 "Exempt admits everything without tracking it",
 		"watchbudget.status.replicas.recentRejections": "in the last 5 minutes",
 		"watchbudget.spec.aggregate":                   "made-up impersonated names, each a fresh identity, cannot multiply what one caller may open",
+		"watchbudget.spec.suggestion.share":            "Between 1 and 100; default 95.",
+		"watchbudget.spec.suggestion.headroomPercent":  "Between 100 and 1000; default 150.",
+		"watchbudget.status.suggested.wouldRefuse":     "It is the most that any one limit refuses: a lower bound.",
+		"watchbudget.status.replicas.observed":         "never who they are",
 	} {
 		out, err := env.Kubectl(ctx, "explain", path)
 		if err != nil {

@@ -21,9 +21,11 @@ const maxConditionMessage = 32768
 
 // ReadyReconciler maintains the status fields that are about the budget as
 // a whole: the Ready condition, the sums over the replicas' entries
-// (status.activeWatches, status.recentRejections) and the limits as
-// `kubectl get wb` shows them (status.limits, "-" when Exempt). It runs on the leader only, so one writer owns these fields
-// (field manager watchgate-controller, server-side apply). Without leader
+// (status.activeWatches, status.recentRejections), the limits as
+// `kubectl get wb` shows them (status.limits, "-" when Exempt) and the
+// limits suggested from the replicas' observed peaks (status.suggested,
+// see suggestedLimits). It runs on the leader only, so one writer owns
+// these fields (field manager watchgate-controller, server-side apply). Without leader
 // election every replica runs it; they then compute the same values from
 // the same objects and apply them under the same field manager, which is
 // harmless.
@@ -57,17 +59,22 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.Client.Get(ctx, req.NamespacedName, &wb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	ready := readyCondition(&wb, r.Clock.Now())
+	budget, invalid := ToBudget(&wb)
+	ready := readyCondition(&wb, invalid, r.Clock.Now())
 	// Keep lastTransitionTime when the status does not change.
 	conds := append([]metav1.Condition(nil), wb.Status.Conditions...)
 	meta.SetStatusCondition(&conds, ready)
 	ready = *meta.FindStatusCondition(conds, v1alpha1.ConditionReady)
 	active, recent := sums(wb.Status.Replicas)
 	limits := shownLimits(&wb.Spec)
+	var suggested *v1alpha1.SuggestedLimits
+	if invalid == nil {
+		suggested = suggestedLimits(&budget, wb.Status.Replicas)
+	}
 
 	old := meta.FindStatusCondition(wb.Status.Conditions, v1alpha1.ConditionReady)
 	if old != nil && sameCondition(*old, ready) && wb.Status.ActiveWatches == active && wb.Status.RecentRejections == recent &&
-		wb.Status.Limits != nil && *wb.Status.Limits == limits {
+		wb.Status.Limits != nil && *wb.Status.Limits == limits && sameSuggested(wb.Status.Suggested, suggested) {
 		return ctrl.Result{}, nil
 	}
 	status := wbac.WatchBudgetStatus().
@@ -79,11 +86,15 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 			WithWatchBurst(limits.WatchBurst).
 			WithMaxConcurrentWatches(limits.MaxConcurrentWatches).
 			WithAggregateMaxConcurrentWatches(limits.AggregateMaxConcurrentWatches))
+	if suggested != nil {
+		status.WithSuggested(suggestedApply(suggested))
+	}
 	return ctrl.Result{}, client.IgnoreNotFound(applyStatus(ctx, r.Client, wb.Name, status, fieldOwnerController))
 }
 
-// readyCondition judges the spec.
-func readyCondition(wb *v1alpha1.WatchBudget, now time.Time) metav1.Condition {
+// readyCondition judges the spec: invalid is why ToBudget refused it, or
+// nil.
+func readyCondition(wb *v1alpha1.WatchBudget, invalid error, now time.Time) metav1.Condition {
 	c := metav1.Condition{
 		Type:               v1alpha1.ConditionReady,
 		Status:             metav1.ConditionTrue,
@@ -92,10 +103,10 @@ func readyCondition(wb *v1alpha1.WatchBudget, now time.Time) metav1.Condition {
 		Reason:             v1alpha1.ReasonCompiled,
 		Message:            "The budget is valid and part of the policy; status.replicas tells which generation each proxy replica enforces",
 	}
-	if _, err := ToBudget(wb); err != nil {
+	if invalid != nil {
 		c.Status = metav1.ConditionFalse
 		c.Reason = v1alpha1.ReasonInvalidSpec
-		c.Message = "The budget is ignored: " + err.Error()
+		c.Message = "The budget is ignored: " + invalid.Error()
 		if len(c.Message) > maxConditionMessage {
 			c.Message = c.Message[:maxConditionMessage]
 		}

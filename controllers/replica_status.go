@@ -33,9 +33,10 @@ const DefaultCounterRefreshInterval = 5 * time.Minute
 //
 // Every Interval it reads the engine's Stats and, for each budget whose
 // figures differ from its entry in the cache, applies the new entry: at once
-// when anything but the cumulative decision counts changed (active watches,
-// identities, recent rejections, offenders, observed generation), and when
-// only the counts changed once the entry is CounterRefreshInterval old. It
+// when anything but the cumulative decision counts and the buckets of the
+// observed peaks changed (active watches, identities, recent rejections,
+// offenders, observed generation, identities observed), and when only
+// those changed once the entry is CounterRefreshInterval old. It
 // applies the new entry with server-side apply under a field manager of its own
 // (watchgate-replica-<pod>). Each replica thus owns exactly its own entry:
 // concurrent writers never conflict and never remove each other's entries.

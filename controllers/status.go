@@ -59,6 +59,7 @@ func replicaEntry(pod string, generation int64, st ratelimit.BudgetStats, recent
 		ActiveWatches:      st.ActiveWatches,
 		TrackedIdentities:  st.TrackedIdentities,
 		RecentRejections:   recent,
+		Observed:           observedEntry(&st.Observed),
 		LastUpdateTime:     metav1.NewTime(now),
 	}
 	for reason, count := range st.Decisions {
@@ -81,27 +82,41 @@ func replicaEntry(pod string, generation int64, st ratelimit.BudgetStats, recent
 }
 
 // needsWrite reports whether next is worth writing over current: when any
-// figure but the cumulative decision counts differs, or when only the counts
-// differ and current is at least counterRefresh old (by next's
+// figure but the cumulative decision counts and the observed peaks'
+// buckets differs (the number of identities observed does count), or when
+// only those differ and current is at least counterRefresh old (by next's
 // lastUpdateTime). Counts grow with every admitted request, so writing on
 // each change would rewrite every busy budget's entry every tick.
 func needsWrite(current, next v1alpha1.ReplicaStatus, counterRefresh time.Duration) bool {
 	if !sameGauges(current, next) {
 		return true
 	}
-	return !maps.Equal(current.Decisions, next.Decisions) &&
+	return (!maps.Equal(current.Decisions, next.Decisions) || !sameObserved(current.Observed, next.Observed)) &&
 		next.LastUpdateTime.Sub(current.LastUpdateTime.Time) >= counterRefresh
 }
 
 // sameGauges reports whether two entries agree on everything but the
-// cumulative decision counts and lastUpdateTime.
+// cumulative decision counts, the observed peaks' buckets and
+// lastUpdateTime. A busy identity's peaks climb through the buckets all
+// through its busiest minute, so they are refreshed like the counts; a new
+// identity observed is written at once, as it is in trackedIdentities.
 func sameGauges(a, b v1alpha1.ReplicaStatus) bool {
 	return a.Pod == b.Pod &&
 		a.ObservedGeneration == b.ObservedGeneration &&
 		a.ActiveWatches == b.ActiveWatches &&
 		a.TrackedIdentities == b.TrackedIdentities &&
 		a.RecentRejections == b.RecentRejections &&
-		slices.Equal(a.TopOffenders, b.TopOffenders)
+		slices.Equal(a.TopOffenders, b.TopOffenders) &&
+		observedIdentities(a) == observedIdentities(b)
+}
+
+// observedIdentities is the number of identities e's sketch counts, or
+// -1 without a sketch.
+func observedIdentities(e v1alpha1.ReplicaStatus) int64 {
+	if e.Observed == nil {
+		return -1
+	}
+	return e.Observed.Identities
 }
 
 // findReplica returns pod's entry, or nil.
@@ -152,6 +167,9 @@ func replicaApply(e *v1alpha1.ReplicaStatus) *wbac.ReplicaStatusApplyConfigurati
 	}
 	for _, o := range e.TopOffenders {
 		a.WithTopOffenders(wbac.Offender().WithUser(o.User).WithRejections(o.Rejections))
+	}
+	if e.Observed != nil {
+		a.WithObserved(observedApply(e.Observed))
 	}
 	return a
 }

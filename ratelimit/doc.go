@@ -47,7 +47,13 @@
 //   - stale.go: the stale-resourceVersion memory (parsed versions, the
 //     per-resource watermark);
 //   - keycap.go: the one counter of tracked keys against their caps;
-//   - sweep.go: idle eviction; stats.go: figures for status.
+//   - sweep.go: idle eviction; stats.go: figures for status;
+//   - observe.go: each identity's observed peaks (opens per minute and
+//     per second, watches at once, lists and stale answers per minute)
+//     and ObservedPeaks, their per-budget sketch; sketch.go: PeakSketch,
+//     the fixed log-scale histogram that sketches merge by adding;
+//   - suggest.go: Suggest, the limits that would have admitted a share of
+//     the observed peaks, and how many identities the current ones refuse.
 //
 // Memory is bounded in count and bytes, whatever clients send: Sweep
 // evicts state that changes no decision, and caps bound the rest —

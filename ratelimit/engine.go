@@ -21,8 +21,9 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 232 MiB
-	// (BenchmarkIdentityMemory), plus at most one overflow backoff key each.
+	// identity out. At the cap, identities take about 296 MiB
+	// (BenchmarkIdentityMemory; 56 bytes of each are its observed peaks,
+	// see ObservedPeaks), plus at most one overflow backoff key each.
 	//
 	// At the cap a new identity is governed by its budget's shared
 	// overflow identity: every user that arrives while the engine is full
@@ -90,7 +91,9 @@ const (
 //   - a count of open watches, capped at MaxConcurrentWatches;
 //   - backoff per watch key (group, resource, namespace, label and field
 //     selector, kept as a 128-bit hash), at most
-//     Options.MaxBackoffKeysPerIdentity keys: see WatchEnded.
+//     Options.MaxBackoffKeysPerIdentity keys: see WatchEnded;
+//   - its observed peaks, fixed-size, for the budget's ObservedPeaks (see
+//     Stats and Suggest); they change no decision.
 //
 // Engine-wide it remembers stale resourceVersions per (group, resource):
 // each reported version, and the highest one as a "too old" watermark (see
@@ -204,7 +207,7 @@ func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 			next.states[i] = bs
 			kept = append(kept, bs)
 		} else {
-			next.states[i] = newBudgetState(b)
+			next.states[i] = newBudgetState(b, now)
 		}
 	}
 	e.current.Store(next)
@@ -380,6 +383,9 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 		v.admitted = true
 		id.open++
 		sh.open++
+	}
+	if id.observes() {
+		e.observe(id, now, r, stale, v)
 	}
 	sh.decisions[reasonIndex(v.reason)]++
 	if v.reason == ReasonNone {

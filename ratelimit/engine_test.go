@@ -308,7 +308,7 @@ func tracked(e *Engine) int64 { return e.identities.count() + e.backoffKeys.coun
 // name, and eviction keeps the others.
 func TestIdentitiesWithTheSameHash(t *testing.T) {
 	e := NewEngine(Options{})
-	bs := newBudgetState(&Budget{Name: "b"})
+	bs := newBudgetState(&Budget{Name: "b"}, t0)
 	sh := &bs.shards[0]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -31,6 +31,11 @@ type budgetState struct {
 	// watch bucket and the count of open watches.
 	aggregates        [numShards]shard
 	aggregateOverflow shard
+
+	// retiredMu guards retired: the observed peaks of the identities Sweep
+	// evicted, since the budget appeared (retired.Since).
+	retiredMu sync.Mutex
+	retired   ObservedPeaks
 }
 
 // shard is a lock and the identities it guards.
@@ -81,10 +86,14 @@ type identity struct {
 	notified   int64 // last OnThrottled call, UnixNano
 	rejections int64
 	open       int32
+	// obs is what the identity did, for its budget's observed peaks.
+	obs observation
 }
 
-func newBudgetState(b *Budget) *budgetState {
+// newBudgetState is the state of budget b, which appears at now.
+func newBudgetState(b *Budget, now time.Time) *budgetState {
 	bs := &budgetState{name: b.Name}
+	bs.retired.Since = now
 	bs.cfg.Store(b)
 	for i := range bs.shards {
 		bs.shards[i].bs = bs

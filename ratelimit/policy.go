@@ -191,4 +191,7 @@ type Budget struct {
 	Aggregate     Aggregate
 	Backoff       Backoff
 	StaleVersions StaleVersions
+	// Suggestion says which limits to suggest from the identities'
+	// observed peaks (see Suggest); it changes no decision.
+	Suggestion Suggestion
 }

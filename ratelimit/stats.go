@@ -20,6 +20,9 @@ type BudgetStats struct {
 	// (or DryRun would-be rejections), most first, ties by user. An
 	// identity evicted by Sweep is forgotten.
 	TopOffenders []Offender
+	// Observed sketches the peaks of the identities the budget governed
+	// (see ObservedPeaks); empty for an Exempt budget.
+	Observed ObservedPeaks
 }
 
 // Offender is an identity and its rejections. User is the name as the
@@ -76,6 +79,9 @@ func (e *Engine) Stats() map[string]BudgetStats {
 			st.Decisions[reasonsByIndex[j]] = counts[j]
 		}
 		sh.mu.Unlock()
+		if bs.cfg.Load().Enforcement != Exempt {
+			st.Observed = bs.observed()
+		}
 		out[bs.name] = st
 	}
 	return out

@@ -9,7 +9,8 @@ import "time"
 // An identity is evicted when it holds no open watch and no backoff, its
 // buckets are full and it was last active at least Options.IdleAfter ago: it
 // is then indistinguishable from a new identity, so dropping it changes no
-// decision (only its rejection count, see Stats, is lost). A backoff key
+// decision (only its rejection count, see Stats, is lost; its observed
+// peaks are kept in its budget's sketch). A backoff key
 // is evicted IdleAfter after its delay expired (and not within a minute of
 // its last stale answer): a key that has not failed for that long starts
 // again from Backoff.Initial, as if a watch had lived past ResetAfter. Stale versions are forgotten after the longest
@@ -20,18 +21,25 @@ func (e *Engine) Sweep(now time.Time) (evicted int) {
 	a := e.current.Load()
 	ns := now.UnixNano()
 	idleAfter := e.opts.IdleAfter
+	var retired ObservedPeaks
 	for _, bs := range a.states {
+		retired = ObservedPeaks{}
 		for i := range bs.shards {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
 			n := sh.evict(func(id *identity) bool {
 				evicted += e.sweepBackoff(id, ns)
-				return id.idle(now, idleAfter)
+				if !id.idle(now, idleAfter) {
+					return false
+				}
+				retired.add(&id.obs.peak)
+				return true
 			})
 			e.identities.give(n)
 			evicted += n
 			sh.mu.Unlock()
 		}
+		bs.retire(&retired)
 		sh := &bs.overflow
 		sh.mu.Lock()
 		evicted += e.sweepBackoff(sh.spill, ns)

@@ -38,6 +38,9 @@ const (
 	maxDelay          = time.Hour
 	maxResetAfter     = 24 * time.Hour
 	maxStaleMemory    = 24 * time.Hour
+	maxShare          = 100
+	minHeadroom       = 100
+	maxHeadroom       = 1000
 	patternRule       = "'*' is only allowed at the end"
 	namespaceCharRule = "only lower-case letters, digits, '-' and a final '*' are allowed"
 )
@@ -192,6 +195,14 @@ func (b *Budget) Validate() error {
 	if bo.ResetAfter > 0 && bo.ResetAfter < bo.ShortWatch {
 		// A watch between the two would be a failure that also clears.
 		bad("backoff.resetAfter", "must be >= backoff.shortWatch (%s) when set", seconds(bo.ShortWatch))
+	}
+
+	// 0 means the default (see Suggestion).
+	if sg := b.Suggestion; sg.Share != 0 {
+		between("suggestion.share", int64(sg.Share), 1, maxShare)
+	}
+	if sg := b.Suggestion; sg.HeadroomPercent != 0 {
+		between("suggestion.headroomPercent", int64(sg.HeadroomPercent), minHeadroom, maxHeadroom)
 	}
 
 	switch b.StaleVersions.Action {

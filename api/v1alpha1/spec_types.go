@@ -89,6 +89,39 @@ type WatchBudgetSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	StaleVersions StaleVersions `json:"staleVersions,omitempty"`
+
+	// suggestion says which limits watchgate suggests in status.suggested
+	// from what the identities the budget governs did (DryRun included):
+	// those that would have admitted the observed peaks of share percent
+	// of the identities, times headroomPercent percent. It changes no
+	// decision.
+	// +kubebuilder:default={}
+	// +optional
+	Suggestion Suggestion `json:"suggestion,omitempty"`
+}
+
+// Suggestion says which limits to suggest from the identities' observed
+// peaks.
+type Suggestion struct {
+	// share is the percentage of identities whose observed peaks the
+	// suggested limits would have admitted; the busiest identities beyond
+	// it are left out, so that one runaway client does not set everyone's
+	// limits. Each limit counts only the identities that did what it limits
+	// (opened a watch, listed). Between 1 and 100; default 95.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:default=95
+	// +optional
+	Share *int32 `json:"share,omitempty"`
+
+	// headroomPercent multiplies the observed peaks, in percent, for the
+	// suggested limits: 150 suggests half again what was observed. Between
+	// 100 and 1000; default 150.
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:default=150
+	// +optional
+	HeadroomPercent *int32 `json:"headroomPercent,omitempty"`
 }
 
 // Enforcement is what a budget does with the requests it governs: Enforce,

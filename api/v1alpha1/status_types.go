@@ -49,6 +49,15 @@ type WatchBudgetStatus struct {
 	// +optional
 	Limits *ShownLimits `json:"limits,omitempty"`
 
+	// suggested are the limits that would have admitted the observed peaks
+	// of spec.suggestion.share percent of the identities the budget
+	// governed, times spec.suggestion.headroomPercent percent, and how many
+	// identities the current limits refused or would have; written by the
+	// leader from the replicas' observed peaks. Absent until a replica has
+	// observed an identity, and for an Exempt or invalid budget.
+	// +optional
+	Suggested *SuggestedLimits `json:"suggested,omitempty"`
+
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
@@ -134,6 +143,12 @@ type ReplicaStatus struct {
 	// +optional
 	TopOffenders []Offender `json:"topOffenders,omitempty"`
 
+	// observed sketches the peaks of the identities this replica observed
+	// under the budget (counts of identities by peak, never who they are),
+	// from which the leader suggests limits. Absent for an Exempt budget.
+	// +optional
+	Observed *ObservedPeaks `json:"observed,omitempty"`
+
 	// lastUpdateTime is when this replica last wrote its entry.
 	// +required
 	LastUpdateTime metav1.Time `json:"lastUpdateTime"`
@@ -151,4 +166,145 @@ type Offender struct {
 	// +kubebuilder:validation:Minimum=0
 	// +required
 	Rejections int64 `json:"rejections"`
+}
+
+// SuggestedLimits are limits suggested from what the identities a budget
+// governs did, with what they rest on. Each limit is the observed peak
+// that share percent of the identities stayed within (rounded up by less
+// than an eighth), times headroomPercent percent, between 1 and 100000.
+type SuggestedLimits struct {
+	// summary is the suggestion as `kubectl get wb -o wide` shows it:
+	// "60/min b10 w40" for watchOpensPerMinute, watchBurst and
+	// maxConcurrentWatches, then " l20/min" for listsPerMinute when the
+	// budget limits lists; "-" for a limit with nothing observed. At most
+	// 64 characters.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	Summary string `json:"summary,omitempty"`
+
+	// watchOpensPerMinute would have admitted the most watch opens in a
+	// calendar minute of share percent of the identities that opened
+	// watches. Absent when none did. Between 0 and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	WatchOpensPerMinute int32 `json:"watchOpensPerMinute,omitempty"`
+
+	// watchBurst would have admitted the most watch opens in a calendar
+	// second of share percent of them, and is at least
+	// spec.limits.initialStateCost. Absent when none opened a watch.
+	// Between 0 and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	WatchBurst int32 `json:"watchBurst,omitempty"`
+
+	// maxConcurrentWatches would have admitted the most watches open at
+	// once (per proxy replica) of share percent of them. Absent when none
+	// opened a watch. Between 0 and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	MaxConcurrentWatches int32 `json:"maxConcurrentWatches,omitempty"`
+
+	// listsPerMinute would have admitted the most lists in a calendar
+	// minute of share percent of the identities that listed; only when
+	// spec.limits.listsPerMinute is set. Between 0 and 100000.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	ListsPerMinute int32 `json:"listsPerMinute,omitempty"`
+
+	// wouldRefuse is how many of the observed identities the current
+	// limits refused, or in DryRun would have: those whose peak certainly
+	// exceeds what a limit admits (opens in a minute above
+	// watchOpensPerMinute + watchBurst, in a second above watchBurst +
+	// watchOpensPerMinute/60, watches at once above maxConcurrentWatches,
+	// lists in a minute above listsPerMinute + listBurst). It is the most
+	// that any one limit refuses: a lower bound.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	WouldRefuse int64 `json:"wouldRefuse"`
+
+	// identities is how many identities the suggestion rests on, summed
+	// over the replicas: an identity served by two replicas counts twice,
+	// with each replica's share of its requests (limits are per replica),
+	// and one forgotten when idle and seen again later counts again.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Identities int64 `json:"identities"`
+
+	// since is when the observation began: the earliest time a replica
+	// whose entry counts started observing the budget (its start, or the
+	// budget's creation).
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+}
+
+// ObservedPeaks sketch, for one budget on one replica, the peaks of the
+// identities it governed: for each quantity, how many identities had their
+// peak in each of fixed log-scale buckets. Buckets are the same on every
+// replica, so the leader merges sketches by adding counts.
+type ObservedPeaks struct {
+	// since is when this replica started observing the budget.
+	// +required
+	Since metav1.Time `json:"since"`
+
+	// identities is how many identities this replica observed; each counts
+	// once in every list below (with a peak of 0 in what it never did).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Identities int64 `json:"identities"`
+
+	// watchOpensPerMinute: identities by their most watch opens in a
+	// calendar minute (UTC). At most 120 buckets.
+	// +kubebuilder:validation:MaxItems=120
+	// +listType=atomic
+	// +optional
+	WatchOpensPerMinute []PeakBucket `json:"watchOpensPerMinute,omitempty"`
+
+	// watchBurst: identities by their most watch opens in a calendar
+	// second. At most 120 buckets.
+	// +kubebuilder:validation:MaxItems=120
+	// +listType=atomic
+	// +optional
+	WatchBurst []PeakBucket `json:"watchBurst,omitempty"`
+
+	// concurrentWatches: identities by their most watches open at once
+	// (counting one refused for too many). At most 120 buckets.
+	// +kubebuilder:validation:MaxItems=120
+	// +listType=atomic
+	// +optional
+	ConcurrentWatches []PeakBucket `json:"concurrentWatches,omitempty"`
+
+	// listsPerMinute: identities by their most lists in a calendar minute.
+	// At most 120 buckets.
+	// +kubebuilder:validation:MaxItems=120
+	// +listType=atomic
+	// +optional
+	ListsPerMinute []PeakBucket `json:"listsPerMinute,omitempty"`
+
+	// staleAnswersPerMinute: identities by their most watches answered
+	// "too old" in a calendar minute: stale loops. At most 120 buckets.
+	// +kubebuilder:validation:MaxItems=120
+	// +listType=atomic
+	// +optional
+	StaleAnswersPerMinute []PeakBucket `json:"staleAnswersPerMinute,omitempty"`
+}
+
+// PeakBucket is one bucket of a sketch: how many identities had a peak
+// at or below le and above the previous bucket's le.
+type PeakBucket struct {
+	// le is the bucket's upper bound: 0 to 15 exactly, then eight buckets
+	// per power of two (17, 19, ... 31, 35, ... 63, 71, ...), up to 131071,
+	// which also counts larger peaks.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=131071
+	// +required
+	Le int32 `json:"le"`
+
+	// count is the number of identities in the bucket.
+	// +kubebuilder:validation:Minimum=0
+	// +required
+	Count int64 `json:"count"`
 }

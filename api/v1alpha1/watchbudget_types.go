@@ -28,6 +28,7 @@ import (
 // +kubebuilder:printcolumn:name="Rejections",type=integer,JSONPath=`.status.recentRejections`,description="Requests rejected (or, in DryRun, that would have been) in the last 5 minutes, over all proxy replicas."
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the budget is valid and enforced."
 // +kubebuilder:printcolumn:name="Precedence",type=integer,JSONPath=`.spec.precedence`,priority=1,description="Lowest matching precedence governs a request."
+// +kubebuilder:printcolumn:name="Suggested",type=string,JSONPath=`.status.suggested.summary`,priority=1,description="Limits that would have admitted most identities' observed peaks, with headroom: opens/min, burst (b), concurrent watches (w), lists/min (l). See status.suggested."
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type WatchBudget struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -1,16 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -21,21 +17,10 @@ import (
 // identity with fresh buckets, holds no more watches open than its
 // aggregate allows; a second impersonator is unaffected.
 func TestMadeUpImpersonatedNamesCannotMultiplyWhatACallerOpens(t *testing.T) {
-	ctx := context.Background()
 	ns := uniqueName("aggregate")
-	impersonateUsers := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}}
 	greedy := serviceAccount(t, ns, "greedy", readWatch("configmaps"), impersonateUsers)
 	other := serviceAccount(t, ns, "other", readWatch("configmaps"), impersonateUsers)
-	// Every user may watch configmaps in ns, so that the made-up users'
-	// watches are served (and stay open) as they would be for real users.
-	reader := serviceAccount(t, ns, "reader", readWatch("configmaps"))
-	if _, err := env.Clientset.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "everyone-reads"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "watchgate-test:" + ns + ":" + reader.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	everyoneReadsConfigMaps(t, ns)
 	const aggregate = 5
 	agents := generous("agents-"+ns, 10)
 	agents.Impersonation = ratelimit.DirectOnly

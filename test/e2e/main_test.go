@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	dto "github.com/prometheus/client_model/go"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/cert"
@@ -262,6 +263,24 @@ func serviceAccount(t testing.TB, namespace, name string, rules ...rbacv1.Policy
 
 func readWatch(resources ...string) rbacv1.PolicyRule {
 	return rbacv1.PolicyRule{APIGroups: []string{""}, Resources: resources, Verbs: []string{"get", "list", "watch"}}
+}
+
+// impersonateUsers lets a service account impersonate any user.
+var impersonateUsers = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}}
+
+// everyoneReadsConfigMaps lets every authenticated user get, list and
+// watch configmaps in ns, so that the watches of users an agent makes up
+// are served (and stay open) as they would be for real users.
+func everyoneReadsConfigMaps(t testing.TB, ns string) {
+	t.Helper()
+	reader := serviceAccount(t, ns, "reader", readWatch("configmaps"))
+	if _, err := env.Clientset.RbacV1().RoleBindings(ns).Create(context.Background(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "everyone-reads"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "watchgate-test:" + ns + ":" + reader.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func testLogger() logr.Logger {

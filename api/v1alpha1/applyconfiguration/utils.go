@@ -22,8 +22,12 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.BackoffApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Limits"):
 		return &apiv1alpha1.LimitsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ObservedPeaks"):
+		return &apiv1alpha1.ObservedPeaksApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Offender"):
 		return &apiv1alpha1.OffenderApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PeakBucket"):
+		return &apiv1alpha1.PeakBucketApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ReplicaStatus"):
 		return &apiv1alpha1.ReplicaStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ResourceRule"):
@@ -34,6 +38,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.StaleVersionsApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Subject"):
 		return &apiv1alpha1.SubjectApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SuggestedLimits"):
+		return &apiv1alpha1.SuggestedLimitsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("Suggestion"):
+		return &apiv1alpha1.SuggestionApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WatchBudget"):
 		return &apiv1alpha1.WatchBudgetApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WatchBudgetSpec"):

@@ -85,6 +85,45 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 60
+- name: com.github.watchgate.watchgate.api.v1alpha1.ObservedPeaks
+  map:
+    fields:
+    - name: concurrentWatches
+      type:
+        list:
+          elementType:
+            namedType: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+          elementRelationship: atomic
+    - name: identities
+      type:
+        scalar: numeric
+    - name: listsPerMinute
+      type:
+        list:
+          elementType:
+            namedType: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+          elementRelationship: atomic
+    - name: since
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: staleAnswersPerMinute
+      type:
+        list:
+          elementType:
+            namedType: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+          elementRelationship: atomic
+    - name: watchBurst
+      type:
+        list:
+          elementType:
+            namedType: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+          elementRelationship: atomic
+    - name: watchOpensPerMinute
+      type:
+        list:
+          elementType:
+            namedType: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+          elementRelationship: atomic
 - name: com.github.watchgate.watchgate.api.v1alpha1.Offender
   map:
     fields:
@@ -94,6 +133,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: user
       type:
         scalar: string
+- name: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+  map:
+    fields:
+    - name: count
+      type:
+        scalar: numeric
+    - name: le
+      type:
+        scalar: numeric
 - name: com.github.watchgate.watchgate.api.v1alpha1.ReplicaStatus
   map:
     fields:
@@ -108,6 +156,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: lastUpdateTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: observed
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.ObservedPeaks
     - name: observedGeneration
       type:
         scalar: numeric
@@ -195,6 +246,44 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
 - name: com.github.watchgate.watchgate.api.v1alpha1.SubjectKind
   scalar: string
+- name: com.github.watchgate.watchgate.api.v1alpha1.SuggestedLimits
+  map:
+    fields:
+    - name: identities
+      type:
+        scalar: numeric
+    - name: listsPerMinute
+      type:
+        scalar: numeric
+    - name: maxConcurrentWatches
+      type:
+        scalar: numeric
+    - name: since
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: summary
+      type:
+        scalar: string
+    - name: watchBurst
+      type:
+        scalar: numeric
+    - name: watchOpensPerMinute
+      type:
+        scalar: numeric
+    - name: wouldRefuse
+      type:
+        scalar: numeric
+- name: com.github.watchgate.watchgate.api.v1alpha1.Suggestion
+  map:
+    fields:
+    - name: headroomPercent
+      type:
+        scalar: numeric
+      default: 150
+    - name: share
+      type:
+        scalar: numeric
+      default: 95
 - name: com.github.watchgate.watchgate.api.v1alpha1.WatchBudget
   map:
     fields:
@@ -255,6 +344,10 @@ var schemaYAML = typed.YAMLObject(`types:
           elementType:
             namedType: com.github.watchgate.watchgate.api.v1alpha1.Subject
           elementRelationship: atomic
+    - name: suggestion
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.Suggestion
+      default: {}
 - name: com.github.watchgate.watchgate.api.v1alpha1.WatchBudgetStatus
   map:
     fields:
@@ -283,6 +376,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - pod
+    - name: suggested
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.SuggestedLimits
 - name: io.k8s.apimachinery.pkg.apis.meta.v1.Condition
   map:
     fields:

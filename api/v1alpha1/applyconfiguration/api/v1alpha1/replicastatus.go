@@ -34,6 +34,10 @@ type ReplicaStatusApplyConfiguration struct {
 	// topOffenders are the identities with the most rejections on this
 	// replica since it started, most first. At most 5.
 	TopOffenders []OffenderApplyConfiguration `json:"topOffenders,omitempty"`
+	// observed sketches the peaks of the identities this replica observed
+	// under the budget (counts of identities by peak, never who they are),
+	// from which the leader suggests limits. Absent for an Exempt budget.
+	Observed *ObservedPeaksApplyConfiguration `json:"observed,omitempty"`
 	// lastUpdateTime is when this replica last wrote its entry.
 	LastUpdateTime *v1.Time `json:"lastUpdateTime,omitempty"`
 }
@@ -108,6 +112,14 @@ func (b *ReplicaStatusApplyConfiguration) WithTopOffenders(values ...*OffenderAp
 		}
 		b.TopOffenders = append(b.TopOffenders, *values[i])
 	}
+	return b
+}
+
+// WithObserved sets the Observed field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Observed field is set to the value of the last call.
+func (b *ReplicaStatusApplyConfiguration) WithObserved(value *ObservedPeaksApplyConfiguration) *ReplicaStatusApplyConfiguration {
+	b.Observed = value
 	return b
 }
 

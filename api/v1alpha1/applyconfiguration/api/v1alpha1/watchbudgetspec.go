@@ -68,6 +68,12 @@ type WatchBudgetSpecApplyConfiguration struct {
 	// resourceVersion the API server has already answered "too old" (410
 	// Expired) for.
 	StaleVersions *StaleVersionsApplyConfiguration `json:"staleVersions,omitempty"`
+	// suggestion says which limits watchgate suggests in status.suggested
+	// from what the identities the budget governs did (DryRun included):
+	// those that would have admitted the observed peaks of share percent
+	// of the identities, times headroomPercent percent. It changes no
+	// decision.
+	Suggestion *SuggestionApplyConfiguration `json:"suggestion,omitempty"`
 }
 
 // WatchBudgetSpecApplyConfiguration constructs a declarative configuration of the WatchBudgetSpec type for use with
@@ -155,5 +161,13 @@ func (b *WatchBudgetSpecApplyConfiguration) WithBackoff(value *BackoffApplyConfi
 // If called multiple times, the StaleVersions field is set to the value of the last call.
 func (b *WatchBudgetSpecApplyConfiguration) WithStaleVersions(value *StaleVersionsApplyConfiguration) *WatchBudgetSpecApplyConfiguration {
 	b.StaleVersions = value
+	return b
+}
+
+// WithSuggestion sets the Suggestion field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Suggestion field is set to the value of the last call.
+func (b *WatchBudgetSpecApplyConfiguration) WithSuggestion(value *SuggestionApplyConfiguration) *WatchBudgetSpecApplyConfiguration {
+	b.Suggestion = value
 	return b
 }

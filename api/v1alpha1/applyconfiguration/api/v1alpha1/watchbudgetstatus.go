@@ -28,6 +28,13 @@ type WatchBudgetStatusApplyConfiguration struct {
 	// limits are spec.limits as `kubectl get` shows them, written by the
 	// leader: "-" for each when the budget is Exempt, which ignores them.
 	Limits *ShownLimitsApplyConfiguration `json:"limits,omitempty"`
+	// suggested are the limits that would have admitted the observed peaks
+	// of spec.suggestion.share percent of the identities the budget
+	// governed, times spec.suggestion.headroomPercent percent, and how many
+	// identities the current limits refused or would have; written by the
+	// leader from the replicas' observed peaks. Absent until a replica has
+	// observed an identity, and for an Exempt or invalid budget.
+	Suggested *SuggestedLimitsApplyConfiguration `json:"suggested,omitempty"`
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
@@ -76,6 +83,14 @@ func (b *WatchBudgetStatusApplyConfiguration) WithRecentRejections(value int64) 
 // If called multiple times, the Limits field is set to the value of the last call.
 func (b *WatchBudgetStatusApplyConfiguration) WithLimits(value *ShownLimitsApplyConfiguration) *WatchBudgetStatusApplyConfiguration {
 	b.Limits = value
+	return b
+}
+
+// WithSuggested sets the Suggested field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Suggested field is set to the value of the last call.
+func (b *WatchBudgetStatusApplyConfiguration) WithSuggested(value *SuggestedLimitsApplyConfiguration) *WatchBudgetStatusApplyConfiguration {
+	b.Suggested = value
 	return b
 }
 
