@@ -47,7 +47,8 @@
 //   - stale.go: the stale-resourceVersion memory (parsed versions, the
 //     per-resource watermark);
 //   - keycap.go: the one counter of tracked keys against their caps;
-//   - sweep.go: idle eviction; stats.go: figures for status.
+//   - sweep.go: idle eviction; stats.go: figures for status; top.go:
+//     identities ranked by rejections, opens or open watches, on demand.
 //
 // Memory is bounded in count and bytes, whatever clients send: Sweep
 // evicts state that changes no decision, and caps bound the rest —
