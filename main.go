@@ -451,6 +451,7 @@ func run(ctx context.Context, args []string) error {
 		Upstream:            cfg,
 		Engine:              engine,
 		Logger:              ctrl.Log.WithName("proxy"),
+		ReplicaName:         o.podName,
 		ShutdownGracePeriod: o.shutdownGrace,
 
 		MaxHeaderBytes:                         o.maxHeaderBytes,
