@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/cert"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
 )
@@ -107,11 +108,11 @@ func (c *cluster) caBundle(ctx context.Context, o *topOptions) ([]byte, error) {
 	case err != nil:
 		return nil, fmt.Errorf("read ConfigMap %s/%s: %w", o.caNamespace, caConfigMap, err)
 	}
-	ca := cm.Data[caKey]
-	if ca == "" {
-		return nil, fmt.Errorf("ConfigMap %s/%s has no %s", o.caNamespace, caConfigMap, caKey)
+	ca := []byte(cm.Data[caKey])
+	if _, err := cert.ParseCertsPEM(ca); err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s: %s holds no CA certificate: %w", o.caNamespace, caConfigMap, caKey, err)
 	}
-	return []byte(ca), nil
+	return ca, nil
 }
 
 // replicas are the running pods the proxy Service selects, each with the

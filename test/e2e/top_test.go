@@ -1,23 +1,33 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/cert"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
+	"github.com/watchgate/watchgate/test/apiserver"
 )
 
 // mayGetBudgetStatus is what reading the top endpoint takes.
@@ -140,5 +150,236 @@ func TestTopEndpointAuthorizesWithTheAPIServer(t *testing.T) {
 		if strings.Contains(path, ".watchgate") {
 			t.Errorf("the upstream saw %s: the top endpoint's paths must never be forwarded", path)
 		}
+	}
+}
+
+// buildPlugin builds cmd/kubectl-watchgate into a temporary directory.
+func buildPlugin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kubectl-watchgate")
+	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/kubectl-watchgate")
+	build.Dir = apiserver.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kubectl-watchgate: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// runPlugin runs the plugin with args and returns its stdout, stderr and
+// exit code.
+func runPlugin(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent")
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("run %s: %v", bin, err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// kubeconfigFor writes a kubeconfig that reaches the API server as cfg
+// says and returns its path.
+func kubeconfigFor(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	path, err := apiserver.WriteKubeconfig(cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The built plugin against a real replica (a proxy in front of the real
+// API server, serving a certificate for watchgate.<namespace>.svc whose CA
+// is published in the namespace's watchgate-root-ca.crt), reached at
+// --replica-url: the test bed has no kubelet, so port-forward cannot
+// reach a pod (TestPluginPortForwardsThroughTheAPIServer goes as far as it
+// can).
+func TestPluginTop(t *testing.T) {
+	bin := buildPlugin(t)
+	ctx := t.Context()
+	ns := uniqueName("top-plugin")
+	reader := serviceAccount(t, ns, "reader", mayGetBudgetStatus, readCA)
+	outsider := serviceAccount(t, ns, "outsider", readCA)
+
+	certPEM, keyPEM, err := cert.GenerateSelfSignedCertKey("watchgate."+ns+".svc", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := errors.Join(os.WriteFile(certFile, certPEM, 0o600), os.WriteFile(keyFile, keyPEM, 0o600)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Clientset.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "watchgate-root-ca.crt"}, Data: map[string]string{"ca.crt": string(certPEM)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agents := generous("agents", 10)
+	agents.Limits.WatchOpensPerMinute, agents.Limits.WatchBurst = 60, 1
+	p := startProxyWith(t, func(o *proxy.Options) {
+		o.CertFile, o.KeyFile, o.ReplicaName = certFile, keyFile, "watchgate-0"
+	}, agents)
+	now := time.Now()
+	for _, u := range []string{"greedy", "greedy", "greedy", "holder"} {
+		p.Engine.Decide(now, &ratelimit.Request{User: u, Verb: ratelimit.VerbWatch, Resource: "configmaps"})
+	}
+	base := []string{"top", "-n", ns, "--replica-url", p.URL}
+
+	t.Run("a table, by open watches", func(t *testing.T) {
+		out, errOut, code := runPlugin(t, bin, append(base, "--kubeconfig", kubeconfigFor(t, env.ConfigFor(reader.Token, "", nil)), "--sort", "watches")...)
+		if code != 0 {
+			t.Fatalf("exit %d, stderr %s", code, errOut)
+		}
+		want := "BUDGET REPLICA IDENTITY REJECTIONS OPENS WATCHES\n" +
+			"agents watchgate-0 greedy 2 1 1\n" +
+			"agents watchgate-0 holder 0 1 1\n"
+		if got := squeezeSpaces(out); got != want {
+			t.Errorf("table:\n%s\nwant (spaces squeezed)\n%s", out, want)
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		out, errOut, code := runPlugin(t, bin, append(base, "--kubeconfig", kubeconfigFor(t, env.ConfigFor(reader.Token, "", nil)), "-o", "json", "--budget", "agents")...)
+		if code != 0 {
+			t.Fatalf("exit %d, stderr %s", code, errOut)
+		}
+		var list struct {
+			Kind  string                  `json:"kind"`
+			Items []topv1alpha1.TopReport `json:"items"`
+		}
+		if err := json.Unmarshal([]byte(out), &list); err != nil {
+			t.Fatalf("%v in %s", err, out)
+		}
+		if list.Kind != "List" || len(list.Items) != 1 || list.Items[0].Replica != "watchgate-0" || list.Items[0].Sort != topv1alpha1.SortRejections ||
+			len(list.Items[0].Budgets) != 1 || len(list.Items[0].Budgets[0].Identities) != 1 || list.Items[0].Budgets[0].Identities[0].User != "greedy" {
+			t.Errorf("-o json:\n%s\nwant a List of one report from watchgate-0 listing greedy in agents", out)
+		}
+	})
+	for name, tc := range map[string]struct {
+		args []string
+		want string // in stderr
+	}{
+		"a user who may not get watchbudgets/status is refused": {
+			[]string{"--kubeconfig", kubeconfigFor(t, env.ConfigFor(outsider.Token, "", nil))}, "cannot get resource \"watchbudgets/status\""},
+		"a kubeconfig with a client certificate and no token is told a token is needed": {
+			[]string{"--kubeconfig", kubeconfigFor(t, certificateOnly(env.Config))}, "no bearer token"},
+		"a certificate not issued for the name verified is refused": {
+			[]string{"--kubeconfig", kubeconfigFor(t, env.ConfigFor(reader.Token, "", nil)), "--replica-server-name", "other.example"}, "certificate"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, errOut, code := runPlugin(t, bin, append(base, tc.args...)...)
+			if code != 1 || !strings.Contains(errOut, tc.want) || out != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 1, nothing on stdout and %q on stderr", code, out, errOut, tc.want)
+			}
+		})
+	}
+}
+
+// readCA is what the plugin needs to read the published CA.
+var readCA = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"watchgate-root-ca.crt"}, Verbs: []string{"get"}}
+
+// certificateOnly is cfg's client certificate without any token.
+func certificateOnly(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.BearerToken, c.BearerTokenFile = "", ""
+	return c
+}
+
+// squeezeSpaces turns every run of spaces into one and trims them at
+// lines' ends.
+func squeezeSpaces(s string) string {
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(s, "\n") {
+		nl := strings.HasSuffix(line, "\n")
+		b.WriteString(strings.Join(strings.Fields(line), " "))
+		if nl {
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+// Without --replica-url the plugin finds the replicas as the running pods
+// the proxy Service selects and port-forwards to each one's https port
+// through the API server with the user's credentials. The test bed has no
+// kubelet: the test checks that the plugin found the pod and its named
+// port and asked the API server for the port-forward, which the API
+// server refuses for a user without create on pods/portforward and cannot
+// carry out (no node) for one with it.
+func TestPluginPortForwardsThroughTheAPIServer(t *testing.T) {
+	bin := buildPlugin(t)
+	ctx := t.Context()
+	ns := uniqueName("top-forward")
+	discover := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services", "pods"}, Verbs: []string{"get", "list"}}
+	forwarder := serviceAccount(t, ns, "forwarder", mayGetBudgetStatus, readCA, discover,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/portforward"}, Verbs: []string{"create"}})
+	lister := serviceAccount(t, ns, "lister", mayGetBudgetStatus, readCA, discover)
+	serviceAccount(t, ns, "default")
+
+	cs := env.Clientset
+	ca, _, err := cert.GenerateSelfSignedCertKey("watchgate."+ns+".svc", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "watchgate-root-ca.crt"}, Data: map[string]string{"ca.crt": string(ca)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	selector := map[string]string{"app.kubernetes.io/name": "watchgate", "app.kubernetes.io/instance": "watchgate"}
+	if _, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "watchgate"},
+		Spec: corev1.ServiceSpec{Selector: selector, Ports: []corev1.ServicePort{
+			{Name: "https", Port: 443, TargetPort: intstr.FromString("https")},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name string, running bool) {
+		p, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: selector},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name: "watchgate", Image: "watchgate", Ports: []corev1.ContainerPort{{Name: "https", ContainerPort: 8443}},
+			}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if running {
+			p.Status.Phase = corev1.PodRunning
+			if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pod("watchgate-pending", false)
+	pod("watchgate-running", true)
+
+	for name, tc := range map[string]struct {
+		sa   apiserver.ServiceAccount
+		want string
+	}{
+		"a user without create on pods/portforward is refused by the API server":    {lister, "forbidden"},
+		"a user with it reaches the API server, which has no kubelet to forward to": {forwarder, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, errOut, code := runPlugin(t, bin, "top", "-n", ns, "--kubeconfig", kubeconfigFor(t, env.ConfigFor(tc.sa.Token, "", nil)))
+			prefix := "error: replica watchgate-running: port-forward to pod watchgate-running port 8443: "
+			if code != 1 || out != "" || !strings.HasPrefix(errOut, prefix) || strings.Contains(errOut, "watchgate-pending") {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and only %q…", code, out, errOut, prefix)
+			}
+			if !strings.Contains(errOut, tc.want) {
+				t.Errorf("stderr %q, want the API server's answer %q in it", errOut, tc.want)
+			}
+		})
 	}
 }
