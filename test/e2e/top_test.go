@@ -22,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/cert"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
@@ -197,6 +199,42 @@ func kubeconfigFor(t *testing.T, cfg *rest.Config) string {
 	return path
 }
 
+// kubeconfigWithUser writes a kubeconfig that reaches the API server as
+// user and returns its path.
+func kubeconfigWithUser(t *testing.T, user *clientcmdapi.AuthInfo) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: env.Config.Host, CertificateAuthorityData: env.Config.CAData}
+	kc.AuthInfos["test"] = user
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	kc.CurrentContext = "test"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// writeTempFile writes content to a new file named name and returns its
+// path.
+func writeTempFile(t *testing.T, name, content string, mode os.FileMode) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// execPluginPrinting is a client-go exec credential plugin, a shell
+// script, that prints token.
+func execPluginPrinting(t *testing.T, token string) *clientcmdapi.ExecConfig {
+	t.Helper()
+	script := writeTempFile(t, "credential.sh", "#!/bin/sh\n"+
+		`echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"`+token+`"}}'`+"\n", 0o700)
+	return &clientcmdapi.ExecConfig{Command: script, APIVersion: "client.authentication.k8s.io/v1", InteractiveMode: clientcmdapi.NeverExecInteractiveMode}
+}
+
 // The built plugin against a real replica (a proxy in front of the real
 // API server, serving a certificate for watchgate.<namespace>.svc whose CA
 // is published in the namespace's watchgate-root-ca.crt), reached at
@@ -247,6 +285,20 @@ func TestPluginTop(t *testing.T) {
 			t.Errorf("table:\n%s\nwant (spaces squeezed)\n%s", out, want)
 		}
 	})
+	// The kubeconfig's other bearer credentials: a token file, and an
+	// exec plugin that prints the token, each sent through client-go's
+	// transport.
+	for name, user := range map[string]*clientcmdapi.AuthInfo{
+		"a token file":   {TokenFile: writeTempFile(t, "token", reader.Token, 0o600)},
+		"an exec plugin": {Exec: execPluginPrinting(t, reader.Token)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, errOut, code := runPlugin(t, bin, append(base, "--kubeconfig", kubeconfigWithUser(t, user))...)
+			if code != 0 || !strings.Contains(squeezeSpaces(out), "agents watchgate-0 greedy 2 1 1") {
+				t.Errorf("exit %d, stdout %q, stderr %q; want greedy's row", code, out, errOut)
+			}
+		})
+	}
 	t.Run("json", func(t *testing.T) {
 		out, errOut, code := runPlugin(t, bin, append(base, "--kubeconfig", kubeconfigFor(t, env.ConfigFor(reader.Token, "", nil)), "-o", "json", "--budget", "agents")...)
 		if code != 0 {
