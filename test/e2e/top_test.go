@@ -100,6 +100,9 @@ func TestTopEndpointAuthorizesWithTheAPIServer(t *testing.T) {
 	ns := uniqueName("top")
 	reader := serviceAccount(t, ns, "reader", mayGetBudgetStatus)
 	outsider := serviceAccount(t, ns, "outsider", readWatch("configmaps"))
+	oneBudget := mayGetBudgetStatus
+	oneBudget.ResourceNames = []string{"agents"}
+	agentsOnly := serviceAccount(t, ns, "agents-only", oneBudget)
 	p, up := topProxy(t)
 
 	for name, tc := range map[string]struct {
@@ -107,12 +110,14 @@ func TestTopEndpointAuthorizesWithTheAPIServer(t *testing.T) {
 		code         int
 		reason       metav1.StatusReason
 	}{
-		"a user who may get watchbudgets/status reads it": {token: reader.Token, code: http.StatusOK},
-		"one budget, by opens":                            {token: reader.Token, query: "?budget=agents&sort=opens", code: http.StatusOK},
-		"a user who may not is 403":                       {token: outsider.Token, code: http.StatusForbidden, reason: metav1.StatusReasonForbidden},
-		"no token is 401":                                 {code: http.StatusUnauthorized, reason: metav1.StatusReasonUnauthorized},
-		"a token the API server does not know is 401":     {token: "not-a-token", code: http.StatusUnauthorized, reason: metav1.StatusReasonUnauthorized},
-		"a bad query from a user who may read it is 400":  {token: reader.Token, query: "?sort=names", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
+		"a user who may get watchbudgets/status reads it":                   {token: reader.Token, code: http.StatusOK},
+		"one budget, by opens":                                              {token: reader.Token, query: "?budget=agents&sort=opens", code: http.StatusOK},
+		"a user who may not is 403":                                         {token: outsider.Token, code: http.StatusForbidden, reason: metav1.StatusReasonForbidden},
+		"a user who may get one budget's status reads that budget":          {token: agentsOnly.Token, query: "?budget=agents", code: http.StatusOK},
+		"a user who may get one budget's status does not read every budget": {token: agentsOnly.Token, code: http.StatusForbidden, reason: metav1.StatusReasonForbidden},
+		"no token is 401":                                                   {code: http.StatusUnauthorized, reason: metav1.StatusReasonUnauthorized},
+		"a token the API server does not know is 401":                       {token: "not-a-token", code: http.StatusUnauthorized, reason: metav1.StatusReasonUnauthorized},
+		"a bad query from a user who may read it is 400":                    {token: reader.Token, query: "?sort=names", code: http.StatusBadRequest, reason: metav1.StatusReasonBadRequest},
 	} {
 		t.Run(name, func(t *testing.T) {
 			resp, body := rawGet(t, p, tc.token, topv1alpha1.Path+tc.query, nil)
