@@ -73,7 +73,8 @@ type Options struct {
 	TokenCacheSize                       int
 	// ImpersonationCacheTTL and ImpersonationCacheNegativeTTL are how long
 	// an allowed or denied impersonation check (SubjectAccessReview) is
-	// remembered; defaults 1m and 10s. ImpersonationCacheSize bounds it;
+	// remembered, and a check of a top endpoint's caller; defaults 1m and
+	// 10s. ImpersonationCacheSize bounds it;
 	// default 8192.
 	ImpersonationCacheTTL, ImpersonationCacheNegativeTTL time.Duration
 	ImpersonationCacheSize                               int
