@@ -28,7 +28,7 @@ plugin-dist: ## Build the plugin's release archives for krew (.krew.yaml): bin/p
 	for p in $(PLUGIN_PLATFORMS); do \
 	  os=$${p%/*} arch=$${p#*/} dir=bin/plugin/$${p%/*}_$${p#*/}; mkdir -p $$dir; \
 	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(LDFLAGS)" -o $$dir/kubectl-watchgate ./cmd/kubectl-watchgate && \
-	  cp LICENSE $$dir/ && tar -C $$dir -czf bin/plugin/kubectl-watchgate_$(VERSION)_$${os}_$${arch}.tar.gz kubectl-watchgate LICENSE; \
+	  cp LICENSE $$dir/ && tar -C $$dir -czf bin/plugin/kubectl-watchgate_$(VERSION)_$${os}_$${arch}.tar.gz kubectl-watchgate LICENSE || exit 1; \
 	done
 
 .PHONY: testbin
