@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -92,7 +93,10 @@ func isTopPath(p string) bool {
 // either ReviewFailurePolicy), 429 beyond topReadsPerSecond.
 func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if path.Clean("/"+r.URL.Path) != topv1alpha1.Path || t.engine == nil {
-		writeStatus(w, r, apierrors.NewNotFound(schema.GroupResource{}, ""))
+		writeStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
+			Message: "the server could not find the requested resource",
+		}})
 		return
 	}
 	if r.Method != http.MethodGet {

@@ -78,8 +78,8 @@ func TestTopEndpoint(t *testing.T) {
 			}
 			if tc.report == "" {
 				var st metav1.Status
-				if err := json.Unmarshal(body, &st); err != nil || st.Kind != "Status" || st.Reason != tc.reason {
-					t.Fatalf("GET %s: body %s, want a Status with reason %s (%v)", tc.path, body, tc.reason, err)
+				if err := json.Unmarshal(body, &st); err != nil || st.Kind != "Status" || st.Reason != tc.reason || st.Message == "" || strings.Contains(st.Message, `""`) {
+					t.Fatalf("GET %s: body %s, want a Status with reason %s and a message (%v)", tc.path, body, tc.reason, err)
 				}
 				return
 			}
