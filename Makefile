@@ -14,8 +14,22 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build bin/watchgate.
+build: plugin ## Build bin/watchgate and the kubectl plugin bin/kubectl-watchgate.
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/watchgate .
+
+.PHONY: plugin
+plugin: ## Build the kubectl plugin bin/kubectl-watchgate (`kubectl watchgate top` with it on the PATH).
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-watchgate ./cmd/kubectl-watchgate
+
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+.PHONY: plugin-dist
+plugin-dist: ## Build the plugin's release archives for krew (.krew.yaml): bin/plugin/kubectl-watchgate_<version>_<os>_<arch>.tar.gz.
+	@mkdir -p bin/plugin
+	for p in $(PLUGIN_PLATFORMS); do \
+	  os=$${p%/*} arch=$${p#*/} dir=bin/plugin/$${p%/*}_$${p#*/}; mkdir -p $$dir; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(LDFLAGS)" -o $$dir/kubectl-watchgate ./cmd/kubectl-watchgate && \
+	  cp LICENSE $$dir/ && tar -C $$dir -czf bin/plugin/kubectl-watchgate_$(VERSION)_$${os}_$${arch}.tar.gz kubectl-watchgate LICENSE || exit 1; \
+	done
 
 .PHONY: testbin
 testbin: ## Build (once, cached by version) the test bed's kube-apiserver, etcd and kubectl; prints where.

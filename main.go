@@ -127,7 +127,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.pprofBindAddress, "pprof-bind-address", "0", "Address Go's /debug/pprof/ profiles are served on (plain HTTP, no authentication), a loopback address only (127.0.0.1:6060, [::1]:6060, localhost:6060); \"0\" (default) disables it.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader among replicas for the writes that need one (status pruning, conditions). The proxy and policy reload run on every replica.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader-election Lease. Empty: the pod's namespace ($POD_NAMESPACE), or kube-system outside a cluster.")
-	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status. Default $POD_NAME, else the host name.")
+	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status and the replica the top endpoint names. Default $POD_NAME, else the host name.")
 	fs.StringVar(&o.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of this replica. Default $POD_NAMESPACE.")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-check-timeout", 15*time.Second, "How long to wait for the API server at start-up before giving up (1s–5m).")
 	fs.IntVar(&o.maxHeaderBytes, "max-header-bytes", proxy.DefaultMaxHeaderBytes, "Largest request header block the proxy reads, in bytes (larger: 431). "+
@@ -451,6 +451,7 @@ func run(ctx context.Context, args []string) error {
 		Upstream:            cfg,
 		Engine:              engine,
 		Logger:              ctrl.Log.WithName("proxy"),
+		ReplicaName:         o.podName,
 		ShutdownGracePeriod: o.shutdownGrace,
 
 		MaxHeaderBytes:                         o.maxHeaderBytes,

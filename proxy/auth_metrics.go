@@ -10,12 +10,12 @@ import (
 var (
 	reviewsSent = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_reviews_sent_total",
-		Help: "TokenReviews (review=token) and impersonation SubjectAccessReviews (review=impersonation) sent to the API server.",
+		Help: "TokenReviews (review=token), impersonation SubjectAccessReviews (review=impersonation) and the top endpoint's access SubjectAccessReviews (review=access) sent to the API server.",
 	}, []string{"review"})
 
 	reviewsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_reviews_failed_total",
-		Help: "Reviews sent that failed or timed out, by review (token, impersonation).",
+		Help: "Reviews sent that failed or timed out, by review (token, impersonation, access).",
 	}, []string{"review"})
 
 	reviewFailOpen = prometheus.NewCounterVec(prometheus.CounterOpts{

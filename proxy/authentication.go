@@ -131,7 +131,7 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 // reviewKind is one kind of review, as ReviewFailurePolicy.failed names
 // it to the client, the logs and the metrics.
 type reviewKind struct {
-	label       string // the metrics label: token, impersonation
+	label       string // the metrics label: token, impersonation, access
 	throttled   string // the 429 message
 	unavailable string // what the 503 message says is unavailable
 	failOpen    string // the log message under FailOpen
@@ -146,6 +146,12 @@ var (
 	impersonationReview = reviewKind{
 		label: "impersonation", throttled: "too many impersonation checks, please try again later", unavailable: "the impersonation check",
 		failOpen: "Cannot check impersonation; charging the caller (fail open)", failClosed: "Cannot check impersonation",
+	}
+	// accessReview checks a caller of the top endpoint, which always
+	// fails closed.
+	accessReview = reviewKind{
+		label: "access", throttled: "too many access checks, please try again later", unavailable: "the access check",
+		failClosed: "Cannot check access to the top endpoint",
 	}
 )
 

@@ -13,6 +13,13 @@
 //	                    account, pod or node (boundobjects.go), every other token by TokenReview
 //	                    (reviewcache.go: cached, fair per client network, a lane for tokens valid
 //	                    recently, bounded); 401 without forwarding
+//	withTop             every path under /.watchgate/ (which kube-apiserver never serves) is
+//	                    answered here, never forwarded: GET /.watchgate/v1alpha1/top is the
+//	                    replica's identities ranked by rejections, opens or open watches per
+//	                    budget (top.go; api/top/v1alpha1's TopReport), for callers a
+//	                    SubjectAccessReview allows to get watchbudgets/status (cached, on the
+//	                    impersonation checks' review budget, fail closed), at most 2 reads a
+//	                    second per replica
 //	withClassification  RequestInfoFactory: watch (?watch=true and /watch/ paths), list,
 //	                    group/resource/namespace/name, selectors, resourceVersion, …
 //	withBudgetIdentity  only for what a budget charges: Impersonate-* headers → the budget

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -106,6 +107,16 @@ var testImpersonation = authorizer.AuthorizerFunc(func(_ context.Context, a auth
 	return authorizer.DecisionDeny, "", nil
 })
 
+// testAccess lets alice get every WatchBudget's status, and nobody else
+// anything.
+var testAccess = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+	if a.GetUser().GetName() == alice.Name && a.GetVerb() == "get" && a.GetAPIGroup() == "watchgate.io" &&
+		a.GetResource() == "watchbudgets" && a.GetSubresource() == "status" {
+		return authorizer.DecisionAllow, "", nil
+	}
+	return authorizer.DecisionDeny, "", nil
+})
+
 func discardLogs() *sampledLogger { return newSampledLogger(logr.Discard(), 1000, 1000) }
 
 // newTestProxy serves the whole chain, with testTokens and
@@ -133,7 +144,9 @@ func newTestAdmission(t testing.TB, adm *admission, upstream *rest.Config) *http
 	logs := discardLogs()
 	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
-	h := chain(testTokens, testImpersonation, FailClosed, adm, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	top := newTopEndpoint(adm.engine, testAccess, "replica-0", clock.RealClock{}, logs)
+	top.reads = rate.NewLimiter(rate.Inf, 0)
+	h := chain(testTokens, testImpersonation, FailClosed, adm, top, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

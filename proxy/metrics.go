@@ -48,12 +48,12 @@ var (
 
 	reviewCacheLookups = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_review_cache_lookups_total",
-		Help: "Lookups in the TokenReview (review=token) and impersonation SubjectAccessReview (review=impersonation) caches, by result (hit, miss).",
+		Help: "Lookups in the TokenReview (review=token), impersonation SubjectAccessReview (review=impersonation) and top endpoint access SubjectAccessReview (review=access) caches, by result (hit, miss).",
 	}, []string{"review", "result"})
 
 	reviewsThrottled = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_reviews_throttled_total",
-		Help: "Reviews not sent because the review rate or concurrency limit was reached, by review (token, impersonation).",
+		Help: "Reviews not sent because the review rate or concurrency limit was reached, by review (token, impersonation, access).",
 	}, []string{"review"})
 
 	logsSuppressed = prometheus.NewCounter(prometheus.CounterOpts{

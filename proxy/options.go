@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"time"
 
@@ -42,6 +43,9 @@ type Options struct {
 	Upstream *rest.Config
 	// Engine decides every watch and list; usually a *ratelimit.Engine.
 	Engine Engine
+	// ReplicaName names this replica in the top endpoint's answer (main's
+	// --pod-name); default the host name.
+	ReplicaName string
 	// Logger receives the proxy's logs as is (name it, e.g. "proxy");
 	// decision and error logs are rate limited.
 	Logger logr.Logger
@@ -69,7 +73,8 @@ type Options struct {
 	TokenCacheSize                       int
 	// ImpersonationCacheTTL and ImpersonationCacheNegativeTTL are how long
 	// an allowed or denied impersonation check (SubjectAccessReview) is
-	// remembered; defaults 1m and 10s. ImpersonationCacheSize bounds it;
+	// remembered, and a check of a top endpoint's caller; defaults 1m and
+	// 10s. ImpersonationCacheSize bounds it;
 	// default 8192.
 	ImpersonationCacheTTL, ImpersonationCacheNegativeTTL time.Duration
 	ImpersonationCacheSize                               int
@@ -318,6 +323,9 @@ func (o Options) complete() Options {
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
+	}
+	if o.ReplicaName == "" {
+		o.ReplicaName, _ = os.Hostname()
 	}
 	return o
 }

@@ -118,12 +118,19 @@ func NewServer(opts Options) (*Server, error) {
 		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
 	}
 	tokens := localThenReviewed(saTokens, reviewed, o.Clock)
-	impersonation := cachedAuthorizer(subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews()),
-		newReviewCache("impersonation", o.ImpersonationCacheSize,
-			newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked),
-			o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
-		utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock),
-		o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	// SubjectAccessReviews for impersonation and for the top endpoint
+	// share one budget per caller and one shared budget, so that reading
+	// the top endpoint cannot become a second flood of reviews.
+	sars := subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews())
+	sarBudget := newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
+	knownImpersonators := utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock)
+	impersonation := cachedAuthorizer(sars,
+		newReviewCache("impersonation", o.ImpersonationCacheSize, sarBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
+		knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	access := cachedAuthorizer(sars,
+		newReviewCache("access", maxTopAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock),
+		knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	top := newTopEndpoint(o.Engine, access, o.ReplicaName, o.Clock, errorLogs)
 	watches := newOpenWatches()
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
@@ -132,21 +139,22 @@ func NewServer(opts Options) (*Server, error) {
 		guard:    newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock),
 		warnings: newWarningLimiter(warningInterval, maxWarnedIdentities),
 	}
-	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,
 	}, nil
 }
 
-// chain builds the filter chain, once: authenticate, classify, find the
-// budget identity (only for what a budget decides), admit (the budget,
-// then the replica's watch guard), forward; the handler's stack is grown
-// first (withGrownStack).
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, logs *sampledLogger, forward http.Handler) http.Handler {
+// chain builds the filter chain, once: authenticate, answer the top
+// endpoint's paths (top) or classify, find the budget identity (only for
+// what a budget decides), admit (the budget, then the replica's watch
+// guard), forward; the handler's stack is grown first (withGrownStack).
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
 	h = withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
+	h = withTop(top, h)
 	h = withAuthentication(tokens, policy, logs, h)
 	return withGrownStack(h)
 }

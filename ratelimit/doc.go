@@ -47,7 +47,8 @@
 //   - stale.go: the stale-resourceVersion memory (parsed versions, the
 //     per-resource watermark);
 //   - keycap.go: the one counter of tracked keys against their caps;
-//   - sweep.go: idle eviction; stats.go: figures for status;
+//   - sweep.go: idle eviction; stats.go: figures for status; top.go:
+//     identities ranked by rejections, opens or open watches, on demand;
 //   - observe.go: each identity's observed peaks (opens per minute and
 //     per second, watches at once, lists and stale answers per minute)
 //     and ObservedPeaks, their per-budget sketch; sketch.go: PeakSketch,

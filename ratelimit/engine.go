@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"hash/maphash"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -382,6 +383,9 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 	if watch && (v.reason == ReasonNone || cfg.Enforcement == DryRun) {
 		v.admitted = true
 		id.open++
+		if id.opens != math.MaxUint32 {
+			id.opens++
+		}
 		sh.open++
 	}
 	if id.observes() {

@@ -86,6 +86,9 @@ type identity struct {
 	notified   int64 // last OnThrottled call, UnixNano
 	rejections int64
 	open       int32
+	// opens counts the watches admitted since the identity was tracked
+	// (DryRun's too), saturating; for Top. It fills open's padding.
+	opens uint32
 	// obs is what the identity did, for its budget's observed peaks.
 	obs observation
 }

@@ -1,9 +1,6 @@
 package ratelimit
 
-import (
-	"cmp"
-	"slices"
-)
+import "cmp"
 
 // BudgetStats are one budget's live figures, for its status.
 type BudgetStats struct {
@@ -89,16 +86,7 @@ func (e *Engine) Stats() map[string]BudgetStats {
 
 // addOffender keeps top sorted and at most topOffenders long.
 func addOffender(top []Offender, o Offender) []Offender {
-	less := func(a, b Offender) int {
+	return insertRanked(top, o, topOffenders, func(a, b Offender) int {
 		return cmp.Or(cmp.Compare(b.Rejections, a.Rejections), cmp.Compare(a.User, b.User))
-	}
-	i, _ := slices.BinarySearchFunc(top, o, less)
-	if i >= topOffenders {
-		return top
-	}
-	top = slices.Insert(top, i, o)
-	if len(top) > topOffenders {
-		top = top[:topOffenders]
-	}
-	return top
+	})
 }

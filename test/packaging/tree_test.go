@@ -108,7 +108,10 @@ func TestBuildOutputsAreIgnored(t *testing.T) {
 		t.Skipf("not a git work tree (%v): nothing to check", err)
 	}
 	for _, path := range []string{
-		"bin/watchgate",                          // make build
+		"bin/watchgate",         // make build
+		"bin/kubectl-watchgate", // make build, make plugin
+		"bin/plugin/kubectl-watchgate_v1_linux_amd64.tar.gz", // make plugin-dist
+		"cmd/kubectl-watchgate/kubectl-watchgate",            // go build in cmd/kubectl-watchgate
 		"bin/demo",                               // make demo (hack/demo.sh)
 		"watchgate",                              // go build .
 		"hack/bench/bench",                       // go build in hack/bench (make bench uses go run)
