@@ -28,7 +28,9 @@
 //	                    GOMEMLIMIT, 429 at --max-watches, at --max-watches-per-identity, and
 //	                    near either limit beyond the caller's fair share
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
-//	                    admitted watch's 200 headers are sent at once (watchheaders.go)
+//	                    admitted watch's 200 headers are sent at once (watchheaders.go), its
+//	                    stream relayed after them (watchcopy.go): an idle watch waits in a
+//	                    4 KiB read, a pooled 32 KiB copy buffer only while bytes flow
 //
 // The filters hand what they learn to the next in one requestState in the
 // request's context (context.go): the caller, the budget identity, the
@@ -43,7 +45,7 @@
 // readiness probe of the API server.
 //
 // Watch streams are read as they pass (watchstream.go, streaminspector.go):
-// the proxy frames JSON and protobuf streams itself in the reverse proxy's
+// the proxy frames JSON and protobuf streams itself in the relay's
 // read, without a goroutine or a buffer per idle watch and without holding
 // the stream back, and decodes with apimachinery's serializer only frames
 // that can be ERROR events; a frame over MaxInspectedFrameBytes (4 MiB) ends

@@ -159,8 +159,9 @@ var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Hos
 
 // newReverseProxy forwards to target through transport. Responses are
 // flushed on every write, so watch events reach the client as they come;
-// 101 Switching Protocols is handled by ReverseProxy itself. Admitted
-// watches' bodies are wrapped to learn from them (watchBody).
+// 101 Switching Protocols is handled by ReverseProxy itself. An admitted
+// watch's 200 stream is wrapped to learn from it (watchBody) and relayed
+// after the reverse proxy has sent the headers (watchState.relay).
 func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledLogger) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -209,10 +210,11 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 // response body through, ReverseProxy's own default.
 const copyBufferBytes = 32 << 10
 
-// copyBufferPool recycles the forwarder's copy buffers. Without it
-// ReverseProxy allocates one per response: 32 KiB of garbage for every GET
-// and every watch open, the largest allocation of a request (~29 KB of
-// the ~50 KB the proxy allocated per watch open without the pool).
+// copyBufferPool recycles the forwarder's copy buffers, and the relay's
+// while a watch's bytes flow (copyWatch). Without it ReverseProxy
+// allocates one per response: 32 KiB of garbage for every GET and every
+// watch open, the largest allocation of a request (~29 KB of the ~50 KB
+// the proxy allocated per watch open without the pool).
 var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}
 
 // copyBuffers is an httputil.BufferPool over copyBufferPool.
