@@ -46,6 +46,9 @@ const idleWatchConnections = 50
 // the watches are open (go tool pprof -sample_index=inuse_space).
 func BenchmarkIdleWatches(b *testing.B) {
 	n := *idleWatches
+	if *idleProfile != "" {
+		runtime.MemProfileRate = 4096 // every allocation of a watch's size
+	}
 	hold := make(chan struct{})
 	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -136,6 +139,10 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 		warm = append(warm, open(i))
 	}
 	var before, after runtime.MemStats
+	// Twice: the first moves sync.Pools' contents to their victim caches,
+	// the second frees them, so that the opens cannot reuse what an
+	// earlier path left in a pool without it counting.
+	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	g0 := runtime.NumGoroutine()
