@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,6 +16,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,7 +39,8 @@ const idleWatchConnections = 50
 // allowing 100 streams per connection as kube-apiserver does. Client,
 // proxy and upstream share the process, so a proxy's own cost is its path
 // less the direct path: proxy-heap-B/watch, proxy-stack-B/watch and
-// proxy-goroutines/watch.
+// proxy-goroutines/watch; the watches are opened all at once (a goroutine
+// per connection), and proxy-cpu-µs/open is the proxy's CPU per open.
 //
 //	go test -run '^$' -bench BenchmarkIdleWatches -benchtime 1x -count 3 ./proxy/
 //	go test -run '^$' -bench BenchmarkIdleWatches -benchtime 1x ./proxy/ -idle-watches 10000 -idle-profiles /tmp/idle
@@ -62,6 +65,12 @@ func BenchmarkIdleWatches(b *testing.B) {
 	upstream.EnableHTTP2 = true
 	upstream.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 100}
 	upstream.Config.ErrorLog = log.New(io.Discard, "", 0)
+	var upstreamConns atomic.Int64 // connections the upstream accepted
+	upstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			upstreamConns.Add(1)
+		}
+	}
 	upstream.StartTLS()
 	b.Cleanup(upstream.Close)
 	b.Cleanup(func() { close(hold) })
@@ -90,28 +99,34 @@ func BenchmarkIdleWatches(b *testing.B) {
 				b.Cleanup(srv.Close)
 			}
 			for b.Loop() {
+				conns0 := upstreamConns.Load()
 				cost := holdIdleWatches(b, srv, n, via.name)
+				b.ReportMetric(float64(upstreamConns.Load()-conns0), "upstream-conns")
 				if via.handler == nil {
 					direct = cost
 				}
 				b.ReportMetric(cost.heap, "heap-B/watch")
 				b.ReportMetric(cost.goroutines, "goroutines/watch")
+				b.ReportMetric(cost.openCPU, "cpu-µs/open")
 				if via.handler != nil {
 					b.ReportMetric(cost.heap-direct.heap, "proxy-heap-B/watch")
 					b.ReportMetric(cost.stack-direct.stack, "proxy-stack-B/watch")
 					b.ReportMetric(cost.goroutines-direct.goroutines, "proxy-goroutines/watch")
+					b.ReportMetric(cost.openCPU-direct.openCPU, "proxy-cpu-µs/open")
 				}
 			}
 		})
 	}
 }
 
-// idleCost is what the process holds per open watch.
-type idleCost struct{ heap, stack, goroutines float64 }
+// idleCost is what the process holds per open watch, and the CPU it
+// spent per watch opening them all at once (µs).
+type idleCost struct{ heap, stack, goroutines, openCPU float64 }
 
 // holdIdleWatches opens n watches to srv over idleWatchConnections HTTP/2
 // connections, measures the process with them open, and closes them.
 func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idleCost {
+	start := runtime.NumGoroutine()
 	clients := make([]*http.Client, idleWatchConnections)
 	for i := range clients {
 		t := srv.Client().Transport.(*http.Transport).Clone()
@@ -148,6 +163,7 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 	g0 := runtime.NumGoroutine()
 
 	bodies := make([]io.Closer, n)
+	cpu0 := cpuTime()
 	var wg sync.WaitGroup
 	for w := range idleWatchConnections {
 		wg.Go(func() {
@@ -157,6 +173,7 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 		})
 	}
 	wg.Wait()
+	openCPU := cpuTime() - cpu0
 	time.Sleep(100 * time.Millisecond) // the streams' last frames settle
 	runtime.GC()
 	runtime.ReadMemStats(&after)
@@ -164,6 +181,7 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 		heap:       float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n),
 		stack:      float64(int64(after.StackInuse)-int64(before.StackInuse)) / float64(n),
 		goroutines: float64(runtime.NumGoroutine()-g0) / float64(n),
+		openCPU:    float64(openCPU.Microseconds()) / float64(n),
 	}
 	if dir := *idleProfile; dir != "" {
 		writeProfiles(b, dir, name)
@@ -173,6 +191,14 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 	}
 	for _, c := range clients {
 		c.CloseIdleConnections()
+	}
+	// The streams and connections are torn down before the next path
+	// measures, or their memory freed would count against it.
+	for range 100 {
+		if runtime.NumGoroutine() <= start {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	return cost
 }
