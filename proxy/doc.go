@@ -65,7 +65,8 @@
 //
 // The upstream transport (upstream.go) shares HTTP/2 connections among all
 // callers, opens another connection when the API server's stream limit per
-// connection is reached instead of waiting for a stream, and sizes its
+// connection is reached instead of waiting for a stream, one at a time
+// however many requests wait for it (upstreampool.go), and sizes its
 // flow-control windows so that slow clients' unread streams cannot stall
 // a connection; Server.UpstreamConnections counts the connections.
 //

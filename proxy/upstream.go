@@ -45,12 +45,12 @@ const (
 // requests (exec, attach, port-forward over SPDY or WebSocket) go over
 // HTTP/1.1, everything else over HTTP/2 when the API server offers it.
 //
-// Watches from every caller share the HTTP/2 connections. When all of a
-// connection's streams are taken (the API server's
+// Watches from every caller share the HTTP/2 connections (upstreamPool).
+// When all of a connection's streams are taken (the API server's
 // --http2-max-streams-per-connection), the next request opens another
 // connection rather than wait for a stream to end (a watch may not end for
-// an hour): StrictMaxConcurrentRequests is false. conns counts the
-// connections open.
+// an hour): StrictMaxConcurrentRequests is false; the requests that come
+// meanwhile wait for that one dial. conns counts the connections open.
 func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http.RoundTripper, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
@@ -95,7 +95,7 @@ func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http
 	if h1.TLSClientConfig != nil {
 		h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
 	}
-	return target, upgradeAwareTransport{normal: h2, upgrade: h1}, nil
+	return target, upgradeAwareTransport{normal: newUpstreamPool(h2), upgrade: h1}, nil
 }
 
 // connectionCount counts the proxy's open TCP connections to the API
