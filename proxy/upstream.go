@@ -146,6 +146,16 @@ type upgradeAwareTransport struct {
 	normal, upgrade http.RoundTripper
 }
 
+// CloseIdleConnections closes both transports' connections that carry
+// no request.
+func (t upgradeAwareTransport) CloseIdleConnections() {
+	for _, rt := range []http.RoundTripper{t.normal, t.upgrade} {
+		if c, ok := rt.(interface{ CloseIdleConnections() }); ok {
+			c.CloseIdleConnections()
+		}
+	}
+}
+
 func (t upgradeAwareTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
 		return t.upgrade.RoundTrip(r)

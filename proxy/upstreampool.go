@@ -9,6 +9,10 @@ import (
 	"time"
 )
 
+// upstreamPruneInterval is how often the pool looks for broken and idle
+// connections, when a request looks for a stream.
+const upstreamPruneInterval = 10 * time.Second
+
 // upstreamDialTimeout bounds one connection's dial and TLS handshake,
 // whoever waits for it.
 const upstreamDialTimeout = 40 * time.Second
@@ -31,15 +35,19 @@ const upstreamDialTimeout = 40 * time.Second
 // Connections come from transport.NewClientConn, with its TLS, HTTP/2
 // settings, dialer and proxy. A connection that failed is dropped, and one
 // with no request in flight and none begun for IdleConnTimeout is closed,
-// when the next request looks for a stream.
+// every upstreamPruneInterval when a request looks for a stream. A request
+// takes a stream on the newest connection that has one: the search costs
+// one lock per connection looked at, and the newest are the ones with
+// free streams.
 type upstreamPool struct {
 	transport *http.Transport
 	idle      time.Duration
 	now       func() time.Time
 
-	mu    sync.Mutex
-	conns map[string][]*pooledConn // by scheme and address
-	dials map[string]*poolDial     // the dial in progress, by scheme and address
+	mu     sync.Mutex
+	conns  map[string][]*pooledConn // by scheme and address, oldest first
+	dials  map[string]*poolDial     // the dial in progress, by scheme and address
+	pruned time.Time                // when pruneLocked last ran
 }
 
 type pooledConn struct {
@@ -147,29 +155,46 @@ func (p *upstreamPool) reserve(ctx context.Context, scheme, addr string) (cc *ht
 	}
 }
 
-// reserveLocked reserves a stream on the first connection to key that
-// has one, dropping broken connections and closing idle ones on the way.
+// reserveLocked reserves a stream on the newest connection to key that
+// has one (the older ones are full, or emptying and soon idle), after
+// pruning the pool when it was last pruned upstreamPruneInterval ago.
 // p.mu is held.
 func (p *upstreamPool) reserveLocked(key string) *http.ClientConn {
 	now := p.now()
-	var found *http.ClientConn
-	kept := p.conns[key][:0]
-	for _, c := range p.conns[key] {
-		switch {
-		case c.cc.Err() != nil:
-			_ = c.cc.Close()
-			continue
-		case found == nil && c.cc.Reserve() == nil:
-			found, c.lastUsed = c.cc, now
-		case found != nil && p.idle > 0 && c.cc.InFlight() == 0 && now.Sub(c.lastUsed) > p.idle:
-			_ = c.cc.Close()
-			continue
-		}
-		kept = append(kept, c)
+	if now.Sub(p.pruned) >= upstreamPruneInterval {
+		p.pruneLocked(now)
 	}
-	clear(p.conns[key][len(kept):])
-	p.conns[key] = kept
-	return found
+	conns := p.conns[key]
+	for i := len(conns) - 1; i >= 0; i-- {
+		if c := conns[i]; c.cc.Reserve() == nil {
+			c.lastUsed = now
+			return c.cc
+		}
+	}
+	return nil
+}
+
+// pruneLocked closes and drops the connections that broke, and those
+// idle (no request in flight, none begun for the transport's
+// IdleConnTimeout). p.mu is held.
+func (p *upstreamPool) pruneLocked(now time.Time) {
+	p.pruned = now
+	for key, conns := range p.conns {
+		kept := conns[:0]
+		for _, c := range conns {
+			if c.cc.Err() != nil || (p.idle > 0 && c.cc.InFlight() == 0 && now.Sub(c.lastUsed) > p.idle) {
+				_ = c.cc.Close()
+				continue
+			}
+			kept = append(kept, c)
+		}
+		clear(conns[len(kept):])
+		if len(kept) == 0 {
+			delete(p.conns, key)
+		} else {
+			p.conns[key] = kept
+		}
+	}
 }
 
 // dial opens the connection the requests waiting on d share: dialed

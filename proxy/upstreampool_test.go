@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 )
@@ -103,6 +104,57 @@ func TestCanonicalAddr(t *testing.T) {
 	} {
 		if got := canonicalAddr(in[0], in[1]); got != want {
 			t.Errorf("canonicalAddr(%q, %q) = %q, want %q", in[0], in[1], got, want)
+		}
+	}
+}
+
+// A connection with nothing in flight is closed once it has been idle for
+// the transport's IdleConnTimeout; until then the next request reuses it.
+func TestUpstreamPoolClosesIdleConnections(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	up.EnableHTTP2 = true
+	var accepted atomic.Int64
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepted.Add(1)
+		}
+	}
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	_, transport, err := upstreamTransport(&rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
+		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
+	}}, &connectionCount{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := transport.(upgradeAwareTransport).normal.(*upstreamPool)
+	t.Cleanup(pool.CloseIdleConnections)
+	t0 := time.Now()
+	now := t0
+	pool.now = func() time.Time { return now }
+	get := func() {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, up.URL+"/version", nil)
+		resp, err := pool.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+	for i, step := range []struct {
+		at   time.Duration
+		want int64 // connections accepted so far
+	}{
+		{0, 1},
+		{upstreamPruneInterval, 1},             // idle, not for long
+		{upstreamPruneInterval + pool.idle, 1}, // idle exactly IdleConnTimeout: kept
+		{2*upstreamPruneInterval + 2*pool.idle + time.Second, 2}, // idle longer: closed, a new one
+	} {
+		now = t0.Add(step.at)
+		get()
+		if got := accepted.Load(); got != step.want {
+			t.Errorf("step %d (+%v): %d connections accepted, want %d", i, step.at, got, step.want)
 		}
 	}
 }
