@@ -2,12 +2,10 @@ package proxy
 
 import (
 	"context"
-	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -16,11 +14,8 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"k8s.io/client-go/rest"
 )
 
 var (
@@ -52,31 +47,7 @@ func BenchmarkIdleWatches(b *testing.B) {
 	if *idleProfile != "" {
 		runtime.MemProfileRate = 4096 // every allocation of a watch's size
 	}
-	hold := make(chan struct{})
-	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		select {
-		case <-hold:
-		case <-r.Context().Done():
-		}
-	}))
-	upstream.EnableHTTP2 = true
-	upstream.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 100}
-	upstream.Config.ErrorLog = log.New(io.Discard, "", 0)
-	var upstreamConns atomic.Int64 // connections the upstream accepted
-	upstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			upstreamConns.Add(1)
-		}
-	}
-	upstream.StartTLS()
-	b.Cleanup(upstream.Close)
-	b.Cleanup(func() { close(hold) })
-	upCfg := &rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{
-		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw}),
-	}}
+	upstream, upCfg, upstreamConns := watchUpstream(b, 100) // kube-apiserver's default
 	target, _ := url.Parse(upstream.URL)
 	bare := bareReverseProxy(target)
 	bareTransport := upstream.Client().Transport.(*http.Transport).Clone()

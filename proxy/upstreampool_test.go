@@ -5,6 +5,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,30 +22,9 @@ import (
 // that found the connections full, and every watch is served.
 func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	const watches, streams = 60, 10
-	hold := make(chan struct{})
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		select {
-		case <-hold:
-		case <-r.Context().Done():
-		}
-	}))
-	up.EnableHTTP2 = true
-	up.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: streams}
-	var accepted atomic.Int64
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			accepted.Add(1)
-		}
-	}
-	up.StartTLS()
-	t.Cleanup(up.Close)
-	t.Cleanup(func() { close(hold) })
+	up, cfg, accepted := watchUpstream(t, streams)
 	conns := &connectionCount{}
-	_, transport, err := upstreamTransport(&rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
-		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
-	}}, conns)
+	_, transport, err := upstreamTransport(cfg, conns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +74,44 @@ func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	}
 }
 
+// watchUpstream is an HTTPS upstream speaking HTTP/2 that allows streams
+// per connection and answers every request 200 with its headers flushed,
+// then holds the stream until the client leaves or the test ends; its
+// rest.Config trusts it, and accepted counts the connections it accepted.
+func watchUpstream(tb testing.TB, streams uint32) (up *httptest.Server, cfg *rest.Config, accepted *atomic.Int64) {
+	tb.Helper()
+	hold := make(chan struct{})
+	up = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}))
+	up.EnableHTTP2 = true
+	up.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(streams)}
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	accepted = &atomic.Int64{}
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepted.Add(1)
+		}
+	}
+	up.StartTLS()
+	tb.Cleanup(up.Close)
+	tb.Cleanup(func() { close(hold) })
+	return up, trusting(up), accepted
+}
+
+// trusting is a rest.Config for the TLS server up that trusts its certificate.
+func trusting(up *httptest.Server) *rest.Config {
+	return &rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
+		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
+	}}
+}
+
 func TestCanonicalAddr(t *testing.T) {
 	for in, want := range map[[2]string]string{
 		{"https", "api.example:6443"}: "api.example:6443",
@@ -121,9 +139,7 @@ func TestUpstreamPoolClosesIdleConnections(t *testing.T) {
 	}
 	up.StartTLS()
 	t.Cleanup(up.Close)
-	_, transport, err := upstreamTransport(&rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
-		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
-	}}, &connectionCount{})
+	_, transport, err := upstreamTransport(trusting(up), &connectionCount{})
 	if err != nil {
 		t.Fatal(err)
 	}
