@@ -35,7 +35,11 @@ const idleWatchConnections = 50
 // proxy and upstream share the process, so a proxy's own cost is its path
 // less the direct path: proxy-heap-B/watch, proxy-stack-B/watch and
 // proxy-goroutines/watch; the watches are opened all at once (a goroutine
-// per connection), and proxy-cpu-µs/open is the proxy's CPU per open.
+// per connection), and proxy-cpu-µs/open is the proxy's CPU per open,
+// upstream-conns the connections the upstream accepted meanwhile. The
+// proxies keep their upstream connections between runs: only a process's
+// first run (-count 1) opens its watches over connections it must dial,
+// as a replica does when an agent restarts.
 //
 //	go test -run '^$' -bench BenchmarkIdleWatches -benchtime 1x -count 3 ./proxy/
 //	go test -run '^$' -bench BenchmarkIdleWatches -benchtime 1x ./proxy/ -idle-watches 10000 -idle-profiles /tmp/idle
