@@ -10,6 +10,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -87,6 +88,8 @@ type options struct {
 	upstreamTimeout    time.Duration
 	shutdownGrace      time.Duration
 	maxWatches         int
+	// memoryLimit is what the default of maxWatches is derived from.
+	memoryLimit proxy.MemoryLimit
 	// maxWatchesPerIdentity 0: a quarter of maxWatches (proxy.Options).
 	maxWatchesPerIdentity int
 	memoryHighWater       int
@@ -151,7 +154,11 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.injectServiceHost, "inject-service-host", "", "KUBERNETES_SERVICE_HOST given to routed pods: the proxy Service's DNS name, which must be in its certificate. Default watchgate.$POD_NAMESPACE.svc.<--cluster-domain>.")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "The cluster's DNS domain, which completes the default --inject-service-host to a fully qualified name.")
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
-	fs.IntVar(&o.maxWatches, "max-watches", proxy.DefaultMaxWatches, "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After. The default fits the chart's 512Mi memory limit; 0: no cap.")
+	o.memoryLimit = proxy.ProcessMemoryLimit()
+	fs.IntVar(&o.maxWatches, "max-watches", proxy.MaxWatchesFor(o.memoryLimit), "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After; 0: no cap. "+
+		"The default is derived from the memory the process runs under (GOMEMLIMIT, else its cgroup's memory limit, else physical memory): "+
+		"(GOMEMLIMIT - 64 MiB) / 40 KiB, or (limit / 2 - 64 MiB) / 40 KiB without GOMEMLIMIT, at least 100; "+
+		"about 22,000 watches per GiB of a container's memory limit with GOMEMLIMIT at 90% of it (the chart's 512Mi: 10,137).")
 	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
@@ -488,7 +495,23 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	log.Info("Starting watchgate", "version", version, "proxy", o.proxyBindAddress, "upstream", cfg.Host, "pod", o.podName)
+	capFrom := "--max-watches"
+	if !flagSet(fs, "max-watches") {
+		capFrom = o.memoryLimit.Source
+		if capFrom == "" {
+			capFrom = "unknown memory limit, the chart's default"
+		}
+	}
+	log.Info("Watch cap", "maxWatches", o.maxWatches, "maxWatchesPerIdentity", cmp.Or(o.maxWatchesPerIdentity, proxy.DefaultMaxWatchesPerIdentity(o.maxWatches)),
+		"from", capFrom, "memoryLimitBytes", o.memoryLimit.Bytes)
 	return mgr.Start(ctx)
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

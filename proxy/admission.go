@@ -216,6 +216,9 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	upstreamWatchOpens.Inc()
 	st.watch = ws
 	next.ServeHTTP(watchHeaders{w}, r.WithContext(ctx))
+	if ws.body != nil {
+		ws.relay(w, r)
+	}
 }
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are

@@ -8,11 +8,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// DefaultMaxConnections is main's --max-connections: room for
-// DefaultMaxWatches watches over HTTP/1.1 (one connection each) and a
-// thousand more for everything else. client-go multiplexes its watches
-// over one HTTP/2 connection, so agents use a handful.
-const DefaultMaxConnections = DefaultMaxWatches + 1000
+// DefaultMaxConnections is main's --max-connections: room for 4,000
+// watches over HTTP/1.1 (one connection each) and a thousand more for
+// everything else. client-go multiplexes its watches over one HTTP/2
+// connection, so agents use a handful, and their watches are held to
+// --max-watches, not to this.
+const DefaultMaxConnections = 5000
 
 var (
 	openConnections = prometheus.NewGauge(prometheus.GaugeOpts{

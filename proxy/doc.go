@@ -36,7 +36,9 @@
 //	                    near either limit beyond the caller's fair share; each with a
 //	                    Warning naming the limit, once a minute per caller
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
-//	                    admitted watch's 200 headers are sent at once (watchheaders.go)
+//	                    admitted watch's 200 headers are sent at once (watchheaders.go), its
+//	                    stream relayed after them (watchcopy.go): an idle watch waits in a
+//	                    4 KiB read, a pooled 32 KiB copy buffer only while bytes flow
 //
 // The filters hand what they learn to the next in one requestState in the
 // request's context (context.go): the caller, the budget identity, the
@@ -51,7 +53,7 @@
 // readiness probe of the API server.
 //
 // Watch streams are read as they pass (watchstream.go, streaminspector.go):
-// the proxy frames JSON and protobuf streams itself in the reverse proxy's
+// the proxy frames JSON and protobuf streams itself in the relay's
 // read, without a goroutine or a buffer per idle watch and without holding
 // the stream back, and decodes with apimachinery's serializer only frames
 // that can be ERROR events; a frame over MaxInspectedFrameBytes (4 MiB) ends
@@ -71,7 +73,8 @@
 //
 // The upstream transport (upstream.go) shares HTTP/2 connections among all
 // callers, opens another connection when the API server's stream limit per
-// connection is reached instead of waiting for a stream, and sizes its
+// connection is reached instead of waiting for a stream, one at a time
+// however many requests wait for it (upstreampool.go), and sizes its
 // flow-control windows so that slow clients' unread streams cannot stall
 // a connection; Server.UpstreamConnections counts the connections.
 //

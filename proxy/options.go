@@ -318,8 +318,8 @@ func (o Options) complete() Options {
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
 	defInt(&o.MemoryHighWaterPercent, DefaultMemoryHighWaterPercent)
-	if o.MaxWatchesPerIdentity == 0 && o.MaxWatches > 0 {
-		o.MaxWatchesPerIdentity = max(1, o.MaxWatches/defaultMaxWatchesPerIdentityDivisor)
+	if o.MaxWatchesPerIdentity == 0 {
+		o.MaxWatchesPerIdentity = DefaultMaxWatchesPerIdentity(o.MaxWatches)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}

@@ -53,6 +53,9 @@ type Server struct {
 	keyLogs  *sampledLogger
 	// upstreamConns counts the forwarder's connections to the API server.
 	upstreamConns *connectionCount
+	// upstream is the forwarder's transport, whose connections Start
+	// closes when it has shut down.
+	upstream interface{ CloseIdleConnections() }
 }
 
 var (
@@ -143,6 +146,7 @@ func NewServer(opts Options) (*Server, error) {
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,
+		upstream: transport.(upgradeAwareTransport),
 	}, nil
 }
 
@@ -261,6 +265,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.log.Info("Closed connections still open after the grace period", "err", err.Error())
 	}
 	<-served
+	s.upstream.CloseIdleConnections()
 	s.log.Info("Stopped")
 	return nil
 }

@@ -45,12 +45,12 @@ const (
 // requests (exec, attach, port-forward over SPDY or WebSocket) go over
 // HTTP/1.1, everything else over HTTP/2 when the API server offers it.
 //
-// Watches from every caller share the HTTP/2 connections. When all of a
-// connection's streams are taken (the API server's
+// Watches from every caller share the HTTP/2 connections (upstreamPool).
+// When all of a connection's streams are taken (the API server's
 // --http2-max-streams-per-connection), the next request opens another
 // connection rather than wait for a stream to end (a watch may not end for
-// an hour): StrictMaxConcurrentRequests is false. conns counts the
-// connections open.
+// an hour): StrictMaxConcurrentRequests is false; the requests that come
+// meanwhile wait for that one dial. conns counts the connections open.
 func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http.RoundTripper, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
@@ -95,7 +95,7 @@ func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http
 	if h1.TLSClientConfig != nil {
 		h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
 	}
-	return target, upgradeAwareTransport{normal: h2, upgrade: h1}, nil
+	return target, upgradeAwareTransport{normal: newUpstreamPool(h2), upgrade: h1}, nil
 }
 
 // connectionCount counts the proxy's open TCP connections to the API
@@ -146,6 +146,16 @@ type upgradeAwareTransport struct {
 	normal, upgrade http.RoundTripper
 }
 
+// CloseIdleConnections closes both transports' connections that carry
+// no request.
+func (t upgradeAwareTransport) CloseIdleConnections() {
+	for _, rt := range []http.RoundTripper{t.normal, t.upgrade} {
+		if c, ok := rt.(interface{ CloseIdleConnections() }); ok {
+			c.CloseIdleConnections()
+		}
+	}
+}
+
 func (t upgradeAwareTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
 		return t.upgrade.RoundTrip(r)
@@ -159,8 +169,9 @@ var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Hos
 
 // newReverseProxy forwards to target through transport. Responses are
 // flushed on every write, so watch events reach the client as they come;
-// 101 Switching Protocols is handled by ReverseProxy itself. Admitted
-// watches' bodies are wrapped to learn from them (watchBody).
+// 101 Switching Protocols is handled by ReverseProxy itself. An admitted
+// watch's 200 stream is wrapped to learn from it (watchBody) and relayed
+// after the reverse proxy has sent the headers (watchState.relay).
 func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledLogger) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -209,10 +220,11 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 // response body through, ReverseProxy's own default.
 const copyBufferBytes = 32 << 10
 
-// copyBufferPool recycles the forwarder's copy buffers. Without it
-// ReverseProxy allocates one per response: 32 KiB of garbage for every GET
-// and every watch open, the largest allocation of a request (~29 KB of
-// the ~50 KB the proxy allocated per watch open without the pool).
+// copyBufferPool recycles the forwarder's copy buffers, and the relay's
+// while a watch's bytes flow (copyWatch). Without it ReverseProxy
+// allocates one per response: 32 KiB of garbage for every GET and every
+// watch open, the largest allocation of a request (~29 KB of the ~50 KB
+// the proxy allocated per watch open without the pool).
 var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}
 
 // copyBuffers is an httputil.BufferPool over copyBufferPool.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -13,10 +14,21 @@ import (
 )
 
 const (
-	// DefaultMaxWatches is the default of --max-watches: the watches one
-	// replica forwards at once with the chart's default memory limit
-	// (512 Mi, GOMEMLIMIT 90% of it).
-	DefaultMaxWatches = 4000
+	// watchMemoryBytes is the memory MaxWatchesFor gives each open watch:
+	// an idle watch holds about 15 KiB of Go heap and 13 KiB of goroutine
+	// stacks in the proxy (BenchmarkIdleWatches, HTTP/2 on both hops), and
+	// the rest is room for the garbage of watches that close and reopen,
+	// for watches that carry events and for per-caller state.
+	watchMemoryBytes = 40 << 10
+	// baseMemoryBytes is what MaxWatchesFor sets aside for the process
+	// without watches: the manager, its informers, the engine, the caches.
+	baseMemoryBytes = 64 << 20
+	// minMaxWatches is the smallest cap MaxWatchesFor derives.
+	minMaxWatches = 100
+	// DefaultMaxWatches is MaxWatchesFor the chart's default memory
+	// (GOMEMLIMIT 460 MiB, 90% of the 512Mi limit): 10,137; also the cap
+	// when the process's memory cannot be read.
+	DefaultMaxWatches = (460<<20 - baseMemoryBytes) / watchMemoryBytes
 	// defaultMaxWatchesPerIdentityDivisor derives the default of
 	// Options.MaxWatchesPerIdentity: a quarter of MaxWatches, so that at
 	// least four callers fill a replica, and one caller alone never does.
@@ -32,6 +44,45 @@ const (
 	// for client-go's REST client, which waits and retries up to 10 times.
 	guardRetryAfterSeconds = 5
 )
+
+// MaxWatchesFor is the default of --max-watches for a process that runs
+// under l (ProcessMemoryLimit):
+//
+//	(GOMEMLIMIT − 64 MiB) ÷ 40 KiB       with GOMEMLIMIT
+//	(limit ÷ 2 − 64 MiB) ÷ 40 KiB        with only a cgroup limit or physical memory
+//
+// at least 100, and DefaultMaxWatches when l is unknown. Under GOMEMLIMIT
+// the collector works to keep the heap within it, and the memory guard
+// (--memory-high-water-percent, 85% of it) refuses before it: the cap
+// leaves the guard room for garbage, so that a full replica answers 429
+// MaxWatches rather than 503. Without GOMEMLIMIT the collector lets the
+// heap grow to twice what is live before it collects (GOGC 100), so only
+// half of the limit counts. With the chart's GOMEMLIMIT (90% of
+// resources.limits.memory) that is about 22,000 watches per GiB of limit.
+func MaxWatchesFor(l MemoryLimit) int {
+	budget := l.Bytes
+	switch l.Source {
+	case MemoryLimitFromGoMemLimit:
+	case MemoryLimitFromCgroup, MemoryLimitFromPhysical:
+		budget /= 2
+	default:
+		return DefaultMaxWatches
+	}
+	if budget <= baseMemoryBytes {
+		return minMaxWatches
+	}
+	return int(max(minMaxWatches, min((budget-baseMemoryBytes)/watchMemoryBytes, math.MaxInt32)))
+}
+
+// DefaultMaxWatchesPerIdentity is the cap per caller that MaxWatchesPerIdentity
+// 0 stands for: a quarter of maxWatches, at least 1; 0 (none) without
+// maxWatches.
+func DefaultMaxWatchesPerIdentity(maxWatches int) int {
+	if maxWatches <= 0 {
+		return 0
+	}
+	return max(1, maxWatches/defaultMaxWatchesPerIdentityDivisor)
+}
 
 // Guard reasons, in X-Watchgate-Decision and
 // watchgate_proxy_guard_rejections_total.

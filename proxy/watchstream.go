@@ -25,9 +25,9 @@ import (
 // the forwarder reports what it saw through upstreamAnswered and
 // upstreamFailed.
 //
-// The request's goroutine owns it (the reverse proxy reads the body and
-// calls ModifyResponse and ErrorHandler on it); stop may be called from any
-// goroutine.
+// The request's goroutine owns it (the reverse proxy calls ModifyResponse
+// and ErrorHandler on it, the relay reads the body); stop may be called
+// from any goroutine.
 type watchState struct {
 	engine   Engine
 	clock    clock.PassiveClock
@@ -90,7 +90,9 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 	}
 	ws.answeredAt = ws.clock.Now()
 	ws.body = newWatchBody(ws, resp.Body, resp.Header.Get("Content-Type"), resp.Header.Get("Content-Encoding"))
-	resp.Body = ws.body
+	// The reverse proxy sends the headers and an empty body; relay copies
+	// the stream after it, without a copy buffer while the watch is idle.
+	resp.Body = http.NoBody
 	if ws.verdict != nil {
 		// kube-apiserver sends the ERROR event of a too old version right
 		// behind the headers; a quiet stream means the version is valid.
@@ -99,6 +101,18 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 			window = ws.coalescer.window(window)
 		}
 		ws.quiet = time.AfterFunc(window, ws.verdict.settle)
+	}
+}
+
+// relay copies the stream of a watch the API server answered 200 to the
+// client (copyWatch), after the reverse proxy has sent the headers. A
+// stream that breaks breaks the client's too (http.ErrAbortHandler), as
+// the reverse proxy does, so that the client sees an error, not an end.
+func (ws *watchState) relay(w http.ResponseWriter, r *http.Request) {
+	err := copyWatch(w, ws.body, copyBuffers{})
+	_ = ws.body.Close()
+	if err != nil && r.Context().Value(http.ServerContextKey) != nil {
+		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -112,8 +126,8 @@ func (ws *watchState) upstreamFailed() (stoppedByProxy bool) {
 }
 
 // end reports the watch's lifetime and outcome to the engine; only the
-// first call does anything. The stream has been read by then: the reverse
-// proxy reads it in the request's goroutine, before end runs.
+// first call does anything. The stream has been read by then: the relay
+// reads it in the request's goroutine, before end runs.
 //
 // An upstream 401 or 403 is OutcomeDenied, not a failure: RBAC said no,
 // and watching again changes nothing the backoff could help with.
@@ -232,7 +246,7 @@ func streamFramingFor(contentType, contentEncoding string) (f framing, s runtime
 }
 
 // watchBody wraps the API server's watch response body. The bytes pass to
-// the client unchanged, chunk by chunk, as the reverse proxy reads them;
+// the client unchanged, chunk by chunk, as the relay (copyWatch) reads them;
 // each chunk is also shown to a streamInspector (through a gzipInspector
 // that inflates a copy when the stream is gzip-encoded), in the same
 // goroutine, before Read returns. Nothing is held back and nothing runs

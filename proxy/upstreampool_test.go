@@ -1,0 +1,176 @@
+package proxy
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// A burst of watches opened at once over connections that carry 10
+// streams each dials one connection per 10 watches, not one per watch
+// that found the connections full, and every watch is served.
+func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
+	const watches, streams = 60, 10
+	up, cfg, accepted := watchUpstream(t, streams)
+	conns := &connectionCount{}
+	_, transport, err := upstreamTransport(cfg, conns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := transport.(upgradeAwareTransport).normal.(*upstreamPool)
+	t.Cleanup(rt.CloseIdleConnections)
+	// The first connection, so that its SETTINGS (10 streams) are known.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	open := func(i int) (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/api/v1/namespaces/n%d/configmaps?watch=true", up.URL, i), nil)
+		return rt.RoundTrip(req)
+	}
+	first, err := open(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Body.Close()
+
+	var wg sync.WaitGroup
+	bodies := make([]io.Closer, watches)
+	errs := make([]error, watches)
+	for i := range watches {
+		wg.Go(func() {
+			resp, err := open(i)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			bodies[i] = resp.Body
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	for _, b := range bodies {
+		defer b.Close()
+	}
+	// 61 streams need 7 connections of 10.
+	if got := accepted.Load(); got != (watches+1+streams-1)/streams {
+		t.Errorf("the upstream accepted %d connections for %d streams of at most %d each", got, watches+1, streams)
+	}
+	if got := conns.open.Load(); got != (watches+1+streams-1)/streams {
+		t.Errorf("%d connections counted open", got)
+	}
+}
+
+// watchUpstream is an HTTPS upstream speaking HTTP/2 that allows streams
+// per connection and answers every request 200 with its headers flushed,
+// then holds the stream until the client leaves or the test ends; its
+// rest.Config trusts it, and accepted counts the connections it accepted.
+func watchUpstream(tb testing.TB, streams uint32) (up *httptest.Server, cfg *rest.Config, accepted *atomic.Int64) {
+	tb.Helper()
+	hold := make(chan struct{})
+	up = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}))
+	up.EnableHTTP2 = true
+	up.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(streams)}
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	accepted = &atomic.Int64{}
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepted.Add(1)
+		}
+	}
+	up.StartTLS()
+	tb.Cleanup(up.Close)
+	tb.Cleanup(func() { close(hold) })
+	return up, trusting(up), accepted
+}
+
+// trusting is a rest.Config for the TLS server up that trusts its certificate.
+func trusting(up *httptest.Server) *rest.Config {
+	return &rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
+		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
+	}}
+}
+
+func TestCanonicalAddr(t *testing.T) {
+	for in, want := range map[[2]string]string{
+		{"https", "api.example:6443"}: "api.example:6443",
+		{"https", "api.example"}:      "api.example:443",
+		{"http", "127.0.0.1"}:         "127.0.0.1:80",
+		{"https", "[::1]"}:            "[::1]:443",
+		{"https", "[::1]:6443"}:       "[::1]:6443",
+	} {
+		if got := canonicalAddr(in[0], in[1]); got != want {
+			t.Errorf("canonicalAddr(%q, %q) = %q, want %q", in[0], in[1], got, want)
+		}
+	}
+}
+
+// A connection with nothing in flight is closed once it has been idle for
+// the transport's IdleConnTimeout; until then the next request reuses it.
+func TestUpstreamPoolClosesIdleConnections(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	up.EnableHTTP2 = true
+	var accepted atomic.Int64
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepted.Add(1)
+		}
+	}
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	_, transport, err := upstreamTransport(trusting(up), &connectionCount{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := transport.(upgradeAwareTransport).normal.(*upstreamPool)
+	t.Cleanup(pool.CloseIdleConnections)
+	t0 := time.Now()
+	now := t0
+	pool.now = func() time.Time { return now }
+	get := func() {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, up.URL+"/version", nil)
+		resp, err := pool.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+	for i, step := range []struct {
+		at   time.Duration
+		want int64 // connections accepted so far
+	}{
+		{0, 1},
+		{upstreamPruneInterval, 1},             // idle, not for long
+		{upstreamPruneInterval + pool.idle, 1}, // idle exactly IdleConnTimeout: kept
+		{2*upstreamPruneInterval + 2*pool.idle + time.Second, 2}, // idle longer: closed, a new one
+	} {
+		now = t0.Add(step.at)
+		get()
+		if got := accepted.Load(); got != step.want {
+			t.Errorf("step %d (+%v): %d connections accepted, want %d", i, step.at, got, step.want)
+		}
+	}
+}
