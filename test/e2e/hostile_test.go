@@ -213,7 +213,10 @@ func TestLoadHostileTenant(t *testing.T) {
 		Burst:           30,
 	}
 	var victim429 atomic.Int64
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return &count429{next: rt, n: &victim429} }
+	var agentTrace, controlTrace requestTrace
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return agentTrace.wrap(&count429{next: rt, n: &victim429})
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -223,6 +226,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	// costs a sync while the attack runs.
 	direct := rest.CopyConfig(e.ConfigFor(victim.Token, "", nil))
 	direct.QPS, direct.Burst = cfg.QPS, cfg.Burst
+	direct.WrapTransport = controlTrace.wrap
 	dcs, err := kubernetes.NewForConfig(direct)
 	if err != nil {
 		t.Fatal(err)
@@ -343,6 +347,10 @@ func TestLoadHostileTenant(t *testing.T) {
 	for actx.Err() == nil && time.Until(restartAt) < time.Until(deadlineOf(actx)) {
 		time.Sleep(time.Until(restartAt))
 		agent.stop()
+		pids := childPids("kube-apiserver", "etcd", "watchgate")
+		cpu0 := readCPU(pids)
+		apiBefore, _ := e.Metrics(ctx)
+		restarted := time.Now()
 		var controlled sync.WaitGroup
 		var dd time.Duration
 		var derr error
@@ -358,6 +366,18 @@ func TestLoadHostileTenant(t *testing.T) {
 		}
 		syncs, directSyncs = append(syncs, d), append(directSyncs, dd)
 		t.Logf("restart %d during the attack: synced in %v (straight to kube-apiserver at the same time: %v)", len(syncs), d, dd)
+		cpu1 := readCPU(pids)
+		apiAfter, _ := e.Metrics(ctx)
+		t.Logf("  cpu: %s", cpu1.minus(cpu0))
+		t.Logf("  informers synced, through watchgate: %s", spreadOf(agent.each))
+		t.Logf("  informers synced, straight: %s", spreadOf(control.each))
+		t.Logf("  through watchgate: %s", agentTrace.summary(restarted, 5))
+		t.Logf("  straight: %s", controlTrace.summary(restarted, 5))
+		t.Logf("  apf wait: %s", histogramDelta(apiAfter, apiBefore, "apiserver_flowcontrol_request_wait_duration_seconds", "priority_level", nil))
+		t.Logf("  apf execution: %s", histogramDelta(apiAfter, apiBefore, "apiserver_flowcontrol_request_execution_seconds", "priority_level", nil))
+		t.Logf("  apiserver durations by verb: %s", histogramDelta(apiAfter, apiBefore, "apiserver_request_duration_seconds", "verb", nil))
+		t.Logf("  apiserver watch init: %s", histogramDelta(apiAfter, apiBefore, "apiserver_watch_list_duration_seconds", "resource", nil))
+		t.Logf("  apf rejected: %v", apiserver.SumBy(apiAfter, "apiserver_flowcontrol_rejected_requests_total", "priority_level", nil))
 		restartAt = restartAt.Add(15 * time.Second)
 	}
 	attack.Wait()
@@ -452,6 +472,8 @@ type victimAgent struct {
 	ns     string
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// each is how long each informer of the last start took to sync.
+	each []time.Duration
 }
 
 // start runs a new set of informers, one per label value, and returns how
@@ -470,10 +492,22 @@ func (a *victimAgent) start() (time.Duration, error) {
 	}
 	wctx, stop := context.WithTimeout(ctx, 2*time.Minute)
 	defer stop()
+	a.each = make([]time.Duration, len(synced))
+	var each sync.WaitGroup
+	for i, s := range synced {
+		each.Go(func() {
+			for wctx.Err() == nil && !s() {
+				time.Sleep(10 * time.Millisecond)
+			}
+			a.each[i] = time.Since(begin)
+		})
+	}
 	if !cache.WaitForCacheSync(wctx.Done(), synced...) {
 		return 0, fmt.Errorf("%d informers not synced after 2m", victimInformers)
 	}
-	return time.Since(begin), nil
+	d := time.Since(begin)
+	each.Wait()
+	return d, nil
 }
 
 func (a *victimAgent) stop() {
