@@ -15,6 +15,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/watchgate/watchgate/test/apiserver"
 )
 
 // requestTrace records, for every request a client sends, when it
@@ -211,4 +213,17 @@ func spreadOf(ds []time.Duration) string {
 	}
 	s := slices.Sorted(slices.Values(ds))
 	return fmt.Sprintf("fastest %v, median %v, slowest %v", s[0].Round(time.Millisecond), s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
+
+// counterDelta is the growth of the counters in family between two
+// scrapes, by the value of label.
+func counterDelta(after, before map[string]*dto.MetricFamily, family, label string) map[string]float64 {
+	a, b := apiserver.SumBy(after, family, label, nil), apiserver.SumBy(before, family, label, nil)
+	out := map[string]float64{}
+	for k, v := range a {
+		if d := v - b[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
