@@ -50,8 +50,7 @@ const victimInformers = 70
 // TestLoadHostileTenant is `make load-hostile`, not part of `make test`
 // (build tag load): one watchgate replica as the chart runs it (default
 // flags, GOMEMLIMIT 90% of the 512Mi limit, the chart's default budgets,
-// injection on)
-// in front of a dedicated control plane, loopback only.
+// injection on) in front of a dedicated control plane, loopback only.
 //
 // A routed agent (its own service account, 70 label-selected ConfigMap
 // informers, client-go's QPS 20 / burst 30 as controller-runtime sets them)
@@ -64,14 +63,25 @@ const victimInformers = 70
 // eight addresses of one /24, each spread evenly over the attack; its own
 // token bound to a pod that was deleted; AdmissionReviews of 2.9 MiB and
 // 6 MiB at the webhook port. Every loop is bounded in count and ends with
-// the attack. At each restart the same agent also starts straight against
-// kube-apiserver, as a control of what the shared machine alone costs a
-// sync.
+// the attack.
 //
-// It asserts that each restart syncs within twice the quiet time without
-// one 429, and that the replica's RSS stays under the chart's limit; it
-// prints a table and, with LOAD_WRITE=path, replaces the part of that file
-// between <!-- hostile:begin --> and <!-- hostile:end -->.
+// Every start of the agent, quiet or under attack, runs beside the same
+// agent straight to kube-apiserver: the control, what the machine and the
+// API server alone cost a sync at that moment. The attacker is a process of
+// its own (testdata/attacker). With HOSTILE_CPU=own (the default) it runs
+// on CPU 1 at nice 19 and everything under test (kube-apiserver, etcd, the
+// replica, this process with the agent and its control) on CPU 0, as an
+// attacker on another machine would take no CPU from the cluster; with
+// HOSTILE_CPU=shared nothing is pinned.
+//
+// It asserts no 429 to the agent, the replica's RSS under the chart's
+// limit, and for each restart: a sync within twice the quiet time, or,
+// when the control slowed down too, a slowdown (sync ÷ quiet sync) at
+// most 1.25× the control's at the same moment — what watchgate adds to
+// what the attack costs kube-apiserver and the machine. The table says
+// both. It prints the table and, with LOAD_WRITE=path, replaces the part
+// of that file between <!-- hostile:begin --> and <!-- hostile:end -->
+// (<!-- hostile-shared:… --> with HOSTILE_CPU=shared).
 func TestLoadHostileTenant(t *testing.T) {
 	attackFor := envDuration("HOSTILE_ATTACK", 60*time.Second)
 	// HOSTILE_LOOPS (comma-separated: own, users, stale, tokens, revoked,
@@ -101,7 +111,9 @@ func TestLoadHostileTenant(t *testing.T) {
 		// Versions go stale within seconds, for the stale storm.
 		StaleVersions:     true,
 		CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd", "bases")},
-		Args:              map[string]string{"http2-max-streams-per-connection": "2000"},
+		// HOSTILE_WATCH_CACHE=true turns the watch cache back on, to
+		// see what its absence costs the API server.
+		Args: map[string]string{"http2-max-streams-per-connection": "2000", "watch-cache": cmp.Or(os.Getenv("HOSTILE_WATCH_CACHE"), "false")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -174,9 +186,14 @@ func TestLoadHostileTenant(t *testing.T) {
 	if err := e.Clientset.CoreV1().Pods(attackNS).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
-	stale, err := e.StaleVersion(ctx, attackNS, 20, 2*time.Minute)
-	if err != nil {
-		t.Fatal(err)
+	stale := ""
+	if only == "" || slices.Contains(strings.Split(only, ","), "stale") {
+		if os.Getenv("HOSTILE_WATCH_CACHE") == "true" {
+			t.Fatal("the stale storm needs versions that go stale in seconds: no watch cache (leave out stale from HOSTILE_LOOPS)")
+		}
+		if stale, err = e.StaleVersion(ctx, attackNS, 20, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The replica, as the chart starts it with injection on: a serving
@@ -274,18 +291,21 @@ func TestLoadHostileTenant(t *testing.T) {
 		return d, dd, nil
 	}
 
-	// Quiet: three starts, each with its control; the slowest is the
-	// quiet time.
+	// Quiet: a first start that warms the caches on the way (not
+	// counted), then three starts, each with its control; the slowest is
+	// the quiet time.
 	var quiet, directQuiet time.Duration
-	for range 3 {
+	for i := range 4 {
 		d, dd, err := both()
 		if err != nil {
 			t.Fatalf("quiet start: %v", err)
 		}
 		agent.stop()
-		quiet, directQuiet = max(quiet, d), max(directQuiet, dd)
+		t.Logf("quiet start %d: %v, straight %v", i, d, dd)
+		if i > 0 {
+			quiet, directQuiet = max(quiet, d), max(directQuiet, dd)
+		}
 	}
-	t.Logf("quiet sync (slowest of 3): %v, straight %v", quiet, directQuiet)
 	if _, err := agent.start(); err != nil {
 		t.Fatalf("start before the attack: %v", err)
 	}
@@ -341,7 +361,8 @@ func TestLoadHostileTenant(t *testing.T) {
 			apiserver.Sum(apiAfter, "apiserver_longrunning_requests", map[string]string{"verb": "WATCH"}))
 	}
 	waitErr := attack.Wait()
-	cpuAttack := readCPU(pids).minus(attacked)
+	delete(pids, "attacker")
+	cpuAttack := fmt.Sprintf("attacker %.2fs, %s", (attack.ProcessState.UserTime() + attack.ProcessState.SystemTime()).Seconds(), readCPU(pids).minus(attacked))
 	agent.stop()
 	if waitErr != nil {
 		t.Fatalf("attacker: %v\n%s", waitErr, attackErr.String())
@@ -363,13 +384,10 @@ func TestLoadHostileTenant(t *testing.T) {
 		t.Error("the victim never restarted during the attack")
 	}
 	for i, d := range syncs {
-		slowdown, machine := float64(d)/float64(quiet), float64(directSyncs[i])/float64(directQuiet)
-		if ownCPU && slowdown > 2 {
-			t.Errorf("restart %d during the attack synced in %v, more than twice the quiet %v", i+1, d, quiet)
-		}
-		if slowdown > max(2, 1.25*machine) {
+		slowdown, straight := float64(d)/float64(quiet), float64(directSyncs[i])/float64(directQuiet)
+		if slowdown > max(2, 1.25*straight) {
 			t.Errorf("restart %d during the attack synced in %v, %.2f× the quiet %v, while the same agent straight to kube-apiserver took %.2f× its quiet time",
-				i+1, d, slowdown, quiet, machine)
+				i+1, d, slowdown, quiet, straight)
 		}
 	}
 	if n := victim429.Load(); n != 0 {
