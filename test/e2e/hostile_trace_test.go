@@ -171,32 +171,8 @@ func childPids(names ...string) map[string]int {
 // histogramDelta is the count and mean of the histograms in family (whose
 // labels include match) between two scrapes, by the value of label.
 func histogramDelta(after, before map[string]*dto.MetricFamily, family, label string, match map[string]string) string {
-	sum := func(fams map[string]*dto.MetricFamily) (map[string]uint64, map[string]float64) {
-		n, s := map[string]uint64{}, map[string]float64{}
-		f := fams[family]
-		if f == nil {
-			return n, s
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range match {
-				if have[k] != v {
-					continue next
-				}
-			}
-			if h := m.GetHistogram(); h != nil {
-				n[have[label]] += h.GetSampleCount()
-				s[have[label]] += h.GetSampleSum()
-			}
-		}
-		return n, s
-	}
-	na, sa := sum(after)
-	nb, sb := sum(before)
+	na, sa := apiserver.HistogramBy(after, family, label, match)
+	nb, sb := apiserver.HistogramBy(before, family, label, match)
 	var parts []string
 	for _, k := range sortedKeys(na) {
 		if d := na[k] - nb[k]; d > 0 {
