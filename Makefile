@@ -67,7 +67,7 @@ load: build ## Load run (~15 min, not in `make test`): 10,000 idle watches vs a 
 
 HOSTILE_ATTACK ?= 60s
 HOSTILE_LOOPS ?=
-# own: the attacker on CPU 1 at nice 19, everything under test on CPU 0;
+# own: the attacker on CPU 1, everything under test on CPU 0;
 # shared: nothing pinned.
 HOSTILE_CPU ?= own
 .PHONY: load-hostile

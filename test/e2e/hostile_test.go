@@ -69,7 +69,7 @@ const victimInformers = 70
 // agent straight to kube-apiserver: the control, what the machine and the
 // API server alone cost a sync at that moment. The attacker is a process of
 // its own (testdata/attacker). With HOSTILE_CPU=own (the default) it runs
-// on CPU 1 at nice 19 and everything under test (kube-apiserver, etcd, the
+// on CPU 1 and everything under test (kube-apiserver, etcd, the
 // replica, this process with the agent and its control) on CPU 0, as an
 // attacker on another machine would take no CPU from the cluster; with
 // HOSTILE_CPU=shared nothing is pinned.
@@ -85,7 +85,9 @@ const victimInformers = 70
 func TestLoadHostileTenant(t *testing.T) {
 	attackFor := envDuration("HOSTILE_ATTACK", 60*time.Second)
 	// HOSTILE_LOOPS (comma-separated: own, users, stale, tokens, revoked,
-	// webhook) runs only those loops, to see which one costs what.
+	// webhook) runs only those loops, to see which one costs what;
+	// HOSTILE_PROFILE=dir writes the CPU profiles of kube-apiserver and
+	// the replica over each restart's first 5 s there.
 	only := os.Getenv("HOSTILE_LOOPS")
 	cpuMode := cmp.Or(os.Getenv("HOSTILE_CPU"), "own")
 	if cpuMode != "own" && cpuMode != "shared" {
@@ -215,9 +217,17 @@ func TestLoadHostileTenant(t *testing.T) {
 	_, webhookPort, _ := net.SplitHostPort(webhookAddr)
 	const limit = 512 << 20
 	goMemLimit := limit * 9 / 10
-	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)},
-		"--tls-cert-file="+filepath.Join(dir, "tls.crt"), "--tls-private-key-file="+filepath.Join(dir, "tls.key"),
-		"--webhook-port="+webhookPort, "--pod-namespace=watchgate-system")
+	flags := []string{"--tls-cert-file=" + filepath.Join(dir, "tls.crt"), "--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
+		"--webhook-port=" + webhookPort, "--pod-namespace=watchgate-system"}
+	profiles := os.Getenv("HOSTILE_PROFILE")
+	pprofAddr := ""
+	if profiles != "" {
+		if pprofAddr, err = apiserver.FreeAddr(); err != nil {
+			t.Fatal(err)
+		}
+		flags = append(flags, "--pprof-bind-address="+pprofAddr)
+	}
+	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)}, flags...)
 	var peak atomic.Uint64
 	stopSampling := make(chan struct{})
 	var sampling sync.WaitGroup
@@ -318,7 +328,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	args := []string{"-proxy=" + p.url, "-webhook=" + webhookAddr, "-namespace=" + attackNS, "-token=" + attacker.Token,
 		"-revoked-token=" + deletedPodToken, "-stale=" + stale, "-for=" + attackFor.String(), "-loops=" + only}
 	if ownCPU {
-		args = append(args, "-cpu=1", "-nice=19")
+		args = append(args, "-cpu=1")
 	}
 	var attackOut, attackErr bytes.Buffer
 	attack := exec.Command(attackerBin, args...)
@@ -340,7 +350,36 @@ func TestLoadHostileTenant(t *testing.T) {
 		cpu0 := readCPU(pids)
 		apiBefore, _ := e.Metrics(ctx)
 		restarted := time.Now()
+		var profiled sync.WaitGroup
+		if profiles != "" {
+			// CPU profiles of kube-apiserver (its --profiling is on by
+			// default) and of the replica over the restart's first 5 s,
+			// for `go tool pprof`.
+			profile := func(name string, get func() ([]byte, error)) {
+				profiled.Go(func() {
+					prof, err := get()
+					if err == nil {
+						err = os.WriteFile(filepath.Join(profiles, fmt.Sprintf("%s-restart-%d.pprof", name, len(syncs)+1)), prof, 0o644)
+					}
+					if err != nil {
+						t.Logf("profile %s: %v", name, err)
+					}
+				})
+			}
+			profile("kube-apiserver", func() ([]byte, error) {
+				return e.Clientset.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "5").DoRaw(ctx)
+			})
+			profile("watchgate", func() ([]byte, error) {
+				resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/profile?seconds=5")
+				if err != nil {
+					return nil, err
+				}
+				defer resp.Body.Close()
+				return io.ReadAll(resp.Body)
+			})
+		}
 		d, dd, err := both()
+		profiled.Wait()
 		if err != nil {
 			t.Errorf("restart during the attack: %v", err)
 			break
@@ -422,7 +461,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	}
 	var rows [][2]string
 	row := func(k, v string) { rows = append(rows, [2]string{k, v}); t.Logf("%s: %s", k, v) }
-	row("attacker's CPU", map[bool]string{true: "its own (CPU 1, nice 19; everything else on CPU 0)", false: "shared (nothing pinned)"}[ownCPU])
+	row("attacker's CPU", map[bool]string{true: "its own (CPU 1; everything under test on CPU 0)", false: "shared (nothing pinned)"}[ownCPU])
 	row("victim: sync time quiet (slowest of 3 starts)", quiet.Round(time.Millisecond).String())
 	row("victim: sync time during the attack, each restart", durations(syncs)+" ("+ratios(syncs, quiet)+" quiet)")
 	row("victim: worst sync during the attack", fmt.Sprintf("%v (%.2f× quiet)", worst.Round(time.Millisecond), float64(worst)/float64(quiet)))
