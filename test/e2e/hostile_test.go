@@ -274,8 +274,8 @@ func TestLoadHostileTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent := &victimAgent{cs: cs, ns: victimNS}
-	// The same agent straight to kube-apiserver: what the machine alone
-	// costs a sync while the attack runs.
+	// The same agent straight to kube-apiserver: what the machine and the
+	// API server alone cost a sync at the same moment.
 	direct := rest.CopyConfig(e.ConfigFor(victim.Token, "", nil))
 	direct.QPS, direct.Burst = cfg.QPS, cfg.Burst
 	direct.WrapTransport = controlTrace.wrap
@@ -337,6 +337,12 @@ func TestLoadHostileTenant(t *testing.T) {
 	if err := attack.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if attack.ProcessState == nil { // the test stopped before the attack ended
+			_ = attack.Process.Kill()
+			_ = attack.Wait()
+		}
+	})
 	pids["attacker"] = attack.Process.Pid
 	attackEnds := attackStart.Add(attackFor)
 	attacked := readCPU(pids)
