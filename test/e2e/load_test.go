@@ -327,17 +327,25 @@ func (p *process) stop() {
 	}
 }
 
-// sample reads RSS from /proc and goroutines and heap from the process.
-func (p *process) sample() sample {
-	var s sample
-	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid)); err == nil {
-		for _, line := range strings.Split(string(status), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				s.rss = kb << 10
-			}
+// rssOf is the resident set size of process pid, from /proc; 0 when it
+// cannot be read.
+func rssOf(pid int) uint64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
 		}
 	}
+	return 0
+}
+
+// sample reads RSS from /proc and goroutines and heap from the process.
+func (p *process) sample() sample {
+	s := sample{rss: rssOf(p.pid)}
 	resp, err := http.Get(p.statsURL)
 	if err != nil {
 		return s
