@@ -35,6 +35,9 @@ type admission struct {
 	// guard, when not nil, shares the replica's watches among the callers
 	// (see watchGuard); it decides after the budget.
 	guard *watchGuard
+	// opens, when not nil, caps how fast each caller opens watches that
+	// go upstream (see watchOpenRate); it decides after the guard.
+	opens *watchOpenRate
 	// warnings, when not nil, limits the Warning headers that tell clients
 	// what a budget did (see warn).
 	warnings *warningLimiter
@@ -48,7 +51,9 @@ type admission struct {
 // asks the watch guard for a place on the replica, and is followed to its
 // end (watchState). So a watch holds a guard place only once its budget
 // admitted it: never while it follows a leader, nor through a rejection's
-// delay.
+// delay. Last, a watch about to go upstream takes one of its caller's watch
+// opens (watchOpenRate); refused, it gives its place back and is answered
+// 429 at once.
 func withAdmission(a *admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := classificationFrom(r.Context())
@@ -83,18 +88,33 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
+			// Its budget admitted it; if it is not forwarded after all, its
+			// slot goes back, and its followers need not wait.
+			notForwarded := func() {
+				a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
+				if lead != nil {
+					lead.handOver()
+				}
+			}
 			if a.guard != nil {
 				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
 				if reason != "" {
-					// Its budget admitted it, but it is not forwarded: its
-					// slot goes back, and its followers need not wait.
-					a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
-					if lead != nil {
-						lead.handOver()
-					}
+					notForwarded()
 					a.guard.refuse(w, r, reason, mem)
 					return
 				}
+			}
+			if a.opens != nil {
+				if wait, ok := a.opens.allow(a.clock.Now(), caller); !ok {
+					if a.guard != nil {
+						a.guard.release(caller)
+					}
+					notForwarded()
+					a.opens.refuse(w, r, wait)
+					return
+				}
+			}
+			if a.guard != nil {
 				defer a.guard.release(caller)
 			}
 			a.serveWatch(w, r, c, &d, start, lead, next)
