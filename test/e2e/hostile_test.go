@@ -75,11 +75,10 @@ const victimInformers = 70
 // HOSTILE_CPU=shared nothing is pinned.
 //
 // It asserts no 429 to the agent, the replica's RSS under the chart's
-// limit, and for each restart: a sync within twice the quiet time, or,
-// when the control slowed down too, a slowdown (sync ÷ quiet sync) at
-// most 1.25× the control's at the same moment — what watchgate adds to
-// what the attack costs kube-apiserver and the machine. The table says
-// both. It prints the table and, with LOAD_WRITE=path, replaces the part
+// limit, and a sync within twice the quiet time at every restart. The
+// control's slowdown at the same moments is reported beside it, so that a
+// miss can be told apart from what the machine alone cost at that moment.
+// It prints the table and, with LOAD_WRITE=path, replaces the part
 // of that file between <!-- hostile:begin --> and <!-- hostile:end -->
 // (<!-- hostile-shared:… --> with HOSTILE_CPU=shared).
 func TestLoadHostileTenant(t *testing.T) {
@@ -431,10 +430,9 @@ func TestLoadHostileTenant(t *testing.T) {
 		t.Error("the victim never restarted during the attack")
 	}
 	for i, d := range syncs {
-		slowdown, straight := float64(d)/float64(quiet), float64(directSyncs[i])/float64(directQuiet)
-		if slowdown > max(2, 1.25*straight) {
-			t.Errorf("restart %d during the attack synced in %v, %.2f× the quiet %v, while the same agent straight to kube-apiserver took %.2f× its quiet time",
-				i+1, d, slowdown, quiet, straight)
+		if slowdown := float64(d) / float64(quiet); slowdown > 2 {
+			t.Errorf("restart %d during the attack synced in %v, %.2f× the quiet %v (want within 2×), while the same agent straight to kube-apiserver took %.2f× its quiet time",
+				i+1, d, slowdown, quiet, float64(directSyncs[i])/float64(directQuiet))
 		}
 	}
 	if n := victim429.Load(); n != 0 {
