@@ -397,3 +397,20 @@ func countOutcome(ended []ratelimit.Outcome, o ratelimit.Outcome) (n int) {
 	}
 	return n
 }
+
+// A WatchOpenRate refusal's Retry-After is the bucket's wait rounded up to
+// whole seconds, at least 1.
+func TestWatchOpenRateRetryAfterRoundsUp(t *testing.T) {
+	o := newWatchOpenRate(30, 1)
+	for wait, want := range map[time.Duration]string{time.Nanosecond: "1", 33 * time.Millisecond: "1", time.Second: "1", 1500 * time.Millisecond: "2"} {
+		w := httptest.NewRecorder()
+		o.refuse(w, httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true", nil), wait)
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != want ||
+			w.Header().Get(DecisionHeader) != "reject; reason=WatchOpenRate; retry-after="+want {
+			t.Errorf("wait %v: HTTP %d, Retry-After %q, %q; want 429, %s", wait, w.Code, w.Header().Get("Retry-After"), w.Header().Get(DecisionHeader), want)
+		}
+	}
+	if newWatchOpenRate(0, 300) != nil || newWatchOpenRate(30, 0) != nil {
+		t.Error("a ceiling with rate or burst 0, want none")
+	}
+}
