@@ -88,18 +88,10 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
-			// Its budget admitted it; if it is not forwarded after all, its
-			// slot goes back, and its followers need not wait.
-			notForwarded := func() {
-				a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
-				if lead != nil {
-					lead.handOver()
-				}
-			}
 			if a.guard != nil {
 				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
 				if reason != "" {
-					notForwarded()
+					a.notForwarded(&d, lead)
 					a.guard.refuse(w, r, reason, mem)
 					return
 				}
@@ -109,7 +101,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 					if a.guard != nil {
 						a.guard.release(caller)
 					}
-					notForwarded()
+					a.notForwarded(&d, lead)
 					a.opens.refuse(w, r, wait)
 					return
 				}
@@ -122,6 +114,15 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// notForwarded ends a watch its budget admitted (d) and that is refused
+// after all: its slot goes back, and its followers need not wait.
+func (a *admission) notForwarded(d *ratelimit.Decision, lead *leader) {
+	a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
+	if lead != nil {
+		lead.handOver()
+	}
 }
 
 // decide asks the engine about the request classified c on behalf of id,
