@@ -81,9 +81,12 @@ load: build ## Load run (~15 min, not in `make test`): 10,000 idle watches vs a 
 
 HOSTILE_ATTACK ?= 60s
 HOSTILE_LOOPS ?=
+# own: the attacker on CPU 1, everything under test on CPU 0;
+# shared: nothing pinned.
+HOSTILE_CPU ?= own
 .PHONY: load-hostile
 load-hostile: build ## Hostile tenant (~3 min, not in `make test`): one identity attacks a charted replica while a routed agent with 70 informers restarts; writes BENCHMARKS.md.
-	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets HOSTILE_ATTACK=$(HOSTILE_ATTACK) HOSTILE_LOOPS=$(HOSTILE_LOOPS) \
+	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets HOSTILE_ATTACK=$(HOSTILE_ATTACK) HOSTILE_LOOPS=$(HOSTILE_LOOPS) HOSTILE_CPU=$(HOSTILE_CPU) \
 		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 30m -run '^TestLoadHostileTenant$$' -v ./test/e2e/
 
 # The image: its name, platforms, and what stamps it. SOURCE_DATE_EPOCH (the

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -92,6 +93,10 @@ type options struct {
 	memoryLimit proxy.MemoryLimit
 	// maxWatchesPerIdentity 0: a quarter of maxWatches (proxy.Options).
 	maxWatchesPerIdentity int
+	// watchOpensPerIdentity, watchOpenBurst: the per-caller ceiling on
+	// watch opens forwarded upstream (proxy.Options); 0 disables it.
+	watchOpensPerIdentity float64
+	watchOpenBurst        int
 	memoryHighWater       int
 	maxConnections        int
 
@@ -160,6 +165,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		"(GOMEMLIMIT - 64 MiB) / 40 KiB, or (limit / 2 - 64 MiB) / 40 KiB without GOMEMLIMIT, at least 100; "+
 		"about 22,000 watches per GiB of a container's memory limit with GOMEMLIMIT at 90% of it (the chart's 512Mi: 10,137).")
 	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
+	fs.Float64Var(&o.watchOpensPerIdentity, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
+	fs.IntVar(&o.watchOpenBurst, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
 	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	o.zap.BindFlags(fs)
@@ -233,6 +240,12 @@ func (o *options) validate() error {
 	}
 	if o.maxWatchesPerIdentity < 0 || (o.maxWatches > 0 && o.maxWatchesPerIdentity > o.maxWatches) {
 		errs = append(errs, fmt.Errorf("--max-watches-per-identity %d: must be between 0 and --max-watches (%d)", o.maxWatchesPerIdentity, o.maxWatches))
+	}
+	if !(o.watchOpensPerIdentity >= 0) || math.IsInf(o.watchOpensPerIdentity, 0) {
+		errs = append(errs, fmt.Errorf("--watch-opens-per-identity-per-second %v: must be a number, 0 or more", o.watchOpensPerIdentity))
+	}
+	if o.watchOpenBurst < 0 {
+		errs = append(errs, fmt.Errorf("--watch-open-burst-per-identity %d: must not be negative", o.watchOpenBurst))
 	}
 	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
 		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
@@ -471,10 +484,12 @@ func run(ctx context.Context, args []string) error {
 		LocalServiceAccountTokens:              &o.localServiceAccountTokens,
 		ServiceAccountAudiences:                splitList(o.serviceAccountAudiences),
 
-		MaxWatches:             o.maxWatches,
-		MaxWatchesPerIdentity:  o.maxWatchesPerIdentity,
-		MemoryHighWaterPercent: o.memoryHighWater,
-		MaxConnections:         o.maxConnections,
+		MaxWatches:                     o.maxWatches,
+		MaxWatchesPerIdentity:          o.maxWatchesPerIdentity,
+		WatchOpensPerIdentityPerSecond: o.watchOpensPerIdentity,
+		WatchOpenBurstPerIdentity:      o.watchOpenBurst,
+		MemoryHighWaterPercent:         o.memoryHighWater,
+		MaxConnections:                 o.maxConnections,
 	})
 	if err != nil {
 		return fmt.Errorf("set up proxy: %w", err)

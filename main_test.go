@@ -56,6 +56,10 @@ current-context: c
 			args: []string{"--webhook-port", "9443", "--inject-service-port", "0"},
 			want: []string{"--webhook-port needs --tls-cert-file", "--inject-service-port 0"},
 		},
+		"a negative watch-open ceiling": {
+			args: []string{"--watch-opens-per-identity-per-second", "-1", "--watch-open-burst-per-identity", "-2"},
+			want: []string{"--watch-opens-per-identity-per-second -1", "--watch-open-burst-per-identity -2"},
+		},
 		"profiles on every interface": {
 			args: []string{"--pprof-bind-address", ":6060"},
 			want: []string{`--pprof-bind-address ":6060": must be a loopback address`},

@@ -35,6 +35,9 @@ type admission struct {
 	// guard, when not nil, shares the replica's watches among the callers
 	// (see watchGuard); it decides after the budget.
 	guard *watchGuard
+	// opens, when not nil, caps how fast each caller opens watches that
+	// go upstream (see watchOpenRate); it decides after the guard.
+	opens *watchOpenRate
 	// warnings, when not nil, limits the Warning headers that tell clients
 	// what a budget did (see warn).
 	warnings *warningLimiter
@@ -48,7 +51,9 @@ type admission struct {
 // asks the watch guard for a place on the replica, and is followed to its
 // end (watchState). So a watch holds a guard place only once its budget
 // admitted it: never while it follows a leader, nor through a rejection's
-// delay.
+// delay. Last, a watch about to go upstream takes one of its caller's watch
+// opens (watchOpenRate); refused, it gives its place back and is answered
+// 429 at once.
 func withAdmission(a *admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := classificationFrom(r.Context())
@@ -86,16 +91,23 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			if a.guard != nil {
 				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
 				if reason != "" {
-					// Its budget admitted it, but it is not forwarded: its
-					// slot goes back, and its followers need not wait.
-					a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
-					if lead != nil {
-						lead.handOver()
-					}
+					a.notForwarded(&d, lead)
 					a.warnGuard(w, a.clock.Now(), caller, reason, mem)
 					a.guard.refuse(w, r, reason, mem)
 					return
 				}
+			}
+			if a.opens != nil {
+				if wait, ok := a.opens.allow(a.clock.Now(), caller); !ok {
+					if a.guard != nil {
+						a.guard.release(caller)
+					}
+					a.notForwarded(&d, lead)
+					a.opens.refuse(w, r, wait)
+					return
+				}
+			}
+			if a.guard != nil {
 				defer a.guard.release(caller)
 				a.warnGuardOwed(w, caller)
 			}
@@ -104,6 +116,15 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// notForwarded ends a watch its budget admitted (d) and that is refused
+// after all: its slot goes back, and its followers need not wait.
+func (a *admission) notForwarded(d *ratelimit.Decision, lead *leader) {
+	a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
+	if lead != nil {
+		lead.handOver()
+	}
 }
 
 // decide asks the engine about the request classified c on behalf of id,

@@ -34,7 +34,10 @@
 //	                    replica: 503 above --memory-high-water-percent of
 //	                    GOMEMLIMIT, 429 at --max-watches, at --max-watches-per-identity, and
 //	                    near either limit beyond the caller's fair share; each with a
-//	                    Warning naming the limit, once a minute per caller
+//	                    Warning naming the limit, once a minute per caller; last, a watch
+//	                    about to go upstream takes one of its caller's watch opens
+//	                    (watchopenrate.go: a bucket per caller, --watch-open-burst-per-identity
+//	                    refilled at --watch-opens-per-identity-per-second), else 429 WatchOpenRate
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
 //	                    admitted watch's 200 headers are sent at once (watchheaders.go), its
 //	                    stream relayed after them (watchcopy.go): an idle watch waits in a

@@ -161,6 +161,17 @@ type Options struct {
 	// or the memory mark each caller is also held to its fair share (see
 	// watchGuard).
 	MaxWatchesPerIdentity int
+	// WatchOpensPerIdentityPerSecond and WatchOpenBurstPerIdentity cap how
+	// fast one caller (authenticated identity, whoever it impersonates)
+	// opens watches that this replica forwards upstream: a token bucket
+	// per caller of that rate and burst; beyond it a watch open gets 429
+	// with Retry-After, the time until its next token
+	// (reason="WatchOpenRate"). Watches answered locally are not counted.
+	// 0 for either: no ceiling (main's flags default to
+	// DefaultWatchOpensPerIdentityPerSecond and
+	// DefaultWatchOpenBurstPerIdentity).
+	WatchOpensPerIdentityPerSecond float64
+	WatchOpenBurstPerIdentity      int
 	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
 	// while the Go runtime's memory in use is above this percentage of its
 	// memory limit (GOMEMLIMIT); without a limit memory is not checked.
@@ -231,6 +242,7 @@ func (o *Options) Validate() error {
 		"reviewRequestersTracked":        o.ReviewRequestersTracked,
 		"maxWatches":                     o.MaxWatches,
 		"maxConnections":                 o.MaxConnections,
+		"watchOpenBurstPerIdentity":      o.WatchOpenBurstPerIdentity,
 	}
 	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		if n := counts[name]; n < 0 {
@@ -241,6 +253,7 @@ func (o *Options) Validate() error {
 		"reviewsPerSecond":                       o.ReviewsPerSecond,
 		"tokenReviewsPerClientPerSecond":         o.TokenReviewsPerClientPerSecond,
 		"impersonationReviewsPerCallerPerSecond": o.ImpersonationReviewsPerCallerPerSecond,
+		"watchOpensPerIdentityPerSecond":         o.WatchOpensPerIdentityPerSecond,
 	}
 	for _, name := range slices.Sorted(maps.Keys(rates)) {
 		if f := rates[name]; f < 0 {

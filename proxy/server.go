@@ -140,6 +140,7 @@ func NewServer(opts Options) (*Server, error) {
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
 		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
 		guard:    newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock),
+		opens:    newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity),
 		warnings: newWarningLimiter(warningInterval, maxWarnedIdentities),
 	}
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))

@@ -284,7 +284,7 @@ func (g *watchGuard) refusalText(reason string, s *memorySample) string {
 var (
 	guardRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_guard_rejections_total",
-		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare).",
+		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare, WatchOpenRate).",
 	}, []string{"reason"})
 
 	guardCallers = prometheus.NewGauge(prometheus.GaugeOpts{

@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -327,5 +329,88 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 	}
 	if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/configmaps?watch=true"); resp.StatusCode != http.StatusOK {
 		t.Errorf("the agent near the memory mark: HTTP %d, want 200", resp.StatusCode)
+	}
+}
+
+// One caller's burst of watch opens is refused once its bucket is empty,
+// with 429 WatchOpenRate and the wait until its next open, while another
+// caller's first watch goes through. Watches it opens as an impersonated
+// user are charged to it; watches answered locally are not charged; a
+// refused watch gives back its guard place and its budget slot.
+func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
+	engine := &fakeEngine{decide: func(r *ratelimit.Request) ratelimit.Decision {
+		if r.ResourceVersion == "1" {
+			return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "tenants"}
+		}
+		return ratelimit.Decision{Allowed: true}
+	}}
+	g := newWatchGuard(10, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	// 3 at once, then one per 100 s: nothing refills while the test runs.
+	px := newTestAdmission(t, &admission{engine: engine, maxDelay: time.Millisecond, guard: g,
+		opens: newWatchOpenRate(0.01, 3)}, guardedUpstream(t, nil))
+	for i := range 5 {
+		if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=1"); resp.StatusCode != http.StatusOK ||
+			!strings.Contains(resp.Header.Get(DecisionHeader), "StaleResourceVersion") {
+			t.Fatalf("stale watch %d: HTTP %d %q, want answered locally", i+1, resp.StatusCode, resp.Header.Get(DecisionHeader))
+		}
+	}
+	for i, impersonate := range []string{"", "", "bob"} {
+		var headers []string
+		if impersonate != "" {
+			headers = []string{"Impersonate-User", impersonate}
+		}
+		if resp, body := get(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true", headers...); resp.StatusCode != http.StatusOK {
+			t.Fatalf("the agent's watch %d of its burst of 3: HTTP %d %q %s", i+1, resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+		}
+	}
+	before := counterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate))
+	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true", "Impersonate-User", "bob")
+	var s metav1.Status
+	if err := json.Unmarshal(body, &s); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusTooManyRequests || s.Reason != metav1.StatusReasonTooManyRequests || retry < 90 || retry > 100 ||
+		s.Details == nil || int(s.Details.RetryAfterSeconds) != retry ||
+		resp.Header.Get(DecisionHeader) != fmt.Sprintf("reject; reason=WatchOpenRate; retry-after=%d", retry) {
+		t.Errorf("the agent's 4th watch, as bob: HTTP %d, Retry-After %q, %q, Status %+v; want 429 WatchOpenRate, about 100s",
+			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get(DecisionHeader), s)
+	}
+	if n := counterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
+		t.Errorf("watchgate_proxy_guard_rejections_total{reason=WatchOpenRate} grew by %v, want 1", n)
+	}
+	if resp, body := get(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true"); resp.StatusCode != http.StatusOK {
+		t.Errorf("alice's first watch while the agent's bucket is empty: HTTP %d %q %s, want 200", resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+	}
+	waitFor(t, "every guard place back", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 0 })
+	_, ended, _ := engine.snapshot()
+	if n := countOutcome(ended, ratelimit.OutcomeNotForwarded); n != 1 {
+		t.Errorf("%d watches ended not forwarded, want the refused one", n)
+	}
+}
+
+func countOutcome(ended []ratelimit.Outcome, o ratelimit.Outcome) (n int) {
+	for _, e := range ended {
+		if e == o {
+			n++
+		}
+	}
+	return n
+}
+
+// A WatchOpenRate refusal's Retry-After is the bucket's wait rounded up to
+// whole seconds, at least 1.
+func TestWatchOpenRateRetryAfterRoundsUp(t *testing.T) {
+	o := newWatchOpenRate(30, 1)
+	for wait, want := range map[time.Duration]string{time.Nanosecond: "1", 33 * time.Millisecond: "1", time.Second: "1", 1500 * time.Millisecond: "2"} {
+		w := httptest.NewRecorder()
+		o.refuse(w, httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true", nil), wait)
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != want ||
+			w.Header().Get(DecisionHeader) != "reject; reason=WatchOpenRate; retry-after="+want {
+			t.Errorf("wait %v: HTTP %d, Retry-After %q, %q; want 429, %s", wait, w.Code, w.Header().Get("Retry-After"), w.Header().Get(DecisionHeader), want)
+		}
+	}
+	if newWatchOpenRate(0, 300) != nil || newWatchOpenRate(30, 0) != nil {
+		t.Error("a ceiling with rate or burst 0, want none")
 	}
 }

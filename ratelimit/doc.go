@@ -47,6 +47,8 @@
 //   - stale.go: the stale-resourceVersion memory (parsed versions, the
 //     per-resource watermark);
 //   - keycap.go: the one counter of tracked keys against their caps;
+//   - keyrate.go: KeyRate, one bucket per key outside any budget (the
+//     proxy's per-caller ceiling on watch opens), bounded and swept alike;
 //   - sweep.go: idle eviction; stats.go: figures for status; top.go:
 //     identities ranked by rejections, opens or open watches, on demand;
 //   - observe.go: each identity's observed peaks (opens per minute and

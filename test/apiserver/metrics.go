@@ -32,12 +32,41 @@ func Sum(families map[string]*dto.MetricFamily, family string, match map[string]
 // their value of label ("" adds them all).
 func SumBy(families map[string]*dto.MetricFamily, family, label string, match map[string]string) map[string]float64 {
 	out := map[string]float64{}
-	f := families[family]
-	if f == nil {
-		return out
+	each(families, family, label, match, func(key string, m *dto.Metric) {
+		switch {
+		case m.Counter != nil:
+			out[key] += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			out[key] += m.GetGauge().GetValue()
+		case m.Untyped != nil:
+			out[key] += m.GetUntyped().GetValue()
+		}
+	})
+	return out
+}
+
+// HistogramBy is SumBy for histograms: their observation counts and sums
+// added up by their value of label.
+func HistogramBy(families map[string]*dto.MetricFamily, family, label string, match map[string]string) (map[string]uint64, map[string]float64) {
+	count, sum := map[string]uint64{}, map[string]float64{}
+	each(families, family, label, match, func(key string, m *dto.Metric) {
+		if h := m.GetHistogram(); h != nil {
+			count[key] += h.GetSampleCount()
+			sum[key] += h.GetSampleSum()
+		}
+	})
+	return count, sum
+}
+
+// each calls f with every metric of family whose labels include every
+// pair in match, and its value of label ("" when label is "").
+func each(families map[string]*dto.MetricFamily, family, label string, match map[string]string, f func(key string, m *dto.Metric)) {
+	fam := families[family]
+	if fam == nil {
+		return
 	}
 next:
-	for _, m := range f.GetMetric() {
+	for _, m := range fam.GetMetric() {
 		have := map[string]string{}
 		for _, l := range m.GetLabel() {
 			have[l.GetName()] = l.GetValue()
@@ -51,16 +80,8 @@ next:
 		if label != "" {
 			key = have[label]
 		}
-		switch {
-		case m.Counter != nil:
-			out[key] += m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			out[key] += m.GetGauge().GetValue()
-		case m.Untyped != nil:
-			out[key] += m.GetUntyped().GetValue()
-		}
+		f(key, m)
 	}
-	return out
 }
 
 // WatchRequests is the number of WATCH requests the API server has counted

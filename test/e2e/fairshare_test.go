@@ -77,3 +77,32 @@ func TestOneCallerCannotTakeTheReplica(t *testing.T) {
 		t.Errorf("the other caller's watch: HTTP %d %q %v, want 200", code, decision, err)
 	}
 }
+
+// A caller's burst of watch opens through the real proxy in front of the
+// real API server: past its bucket's burst its next watch gets 429
+// WatchOpenRate, at once, while another caller's first watch goes
+// through.
+func TestOneCallersBurstOfWatchOpensIsHeldToItsRate(t *testing.T) {
+	ns := uniqueName("openrate")
+	burst := serviceAccount(t, ns, "burst", readWatch("configmaps"))
+	other := serviceAccount(t, ns, "other", readWatch("configmaps"))
+	p := startProxyWith(t, func(o *proxy.Options) {
+		// 3 at once, then one every 100 s: nothing refills while it runs.
+		o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity = 0.01, 3
+	}, generous("everyone-"+ns, 100))
+	c := p.clientFrom("127.0.0.1")
+	defer c.CloseIdleConnections()
+	path := "/api/v1/namespaces/" + ns + "/configmaps?watch=true&timeoutSeconds=1"
+	for i := range 3 {
+		if code, decision, err := send(c, p.URL, burst.Token, path); err != nil || code != http.StatusOK {
+			t.Fatalf("watch %d of the burst of 3: HTTP %d %q %v, want 200", i+1, code, decision, err)
+		}
+	}
+	code, decision, err := send(c, p.URL, burst.Token, path)
+	if err != nil || code != http.StatusTooManyRequests || !strings.Contains(decision, "reason="+proxy.GuardWatchOpenRate) {
+		t.Errorf("the caller's 4th watch: HTTP %d %q %v, want 429 %s", code, decision, err, proxy.GuardWatchOpenRate)
+	}
+	if code, decision, err := send(c, p.URL, other.Token, path); err != nil || code != http.StatusOK {
+		t.Errorf("the other caller's first watch: HTTP %d %q %v, want 200", code, decision, err)
+	}
+}

@@ -98,7 +98,7 @@ func TestLoad(t *testing.T) {
 	// 1. n idle watches: watchgate as the old figures were taken (no
 	// GOMEMLIMIT, no cap), then the bare proxy.
 	{
-		p := startWatchgate(t, e, bin, nil, "--max-watches=0")
+		p := startWatchgate(t, e, bin, nil, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
 		base := p.sample()
 		ws := openWatches(t, p.url, sa.Token, path, n, nil)
 		if ws.opened() != n {
@@ -138,7 +138,7 @@ func TestLoad(t *testing.T) {
 	{
 		max := proxy.DefaultMaxWatches
 		// One service account opens them all: lift its ceiling to the cap.
-		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)}, fmt.Sprintf("--max-watches-per-identity=%d", max))
+		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)}, fmt.Sprintf("--max-watches-per-identity=%d", max), "--watch-opens-per-identity-per-second=0")
 		ws := openWatches(t, p.url, sa.Token, path, max, nil)
 		if ws.opened() != max {
 			t.Errorf("opened %d of the %d watches the default cap allows (refused %v): the memory guard fires below the cap; lower DefaultMaxWatches",
@@ -194,7 +194,7 @@ func TestLoad(t *testing.T) {
 	// 3. The memory guard refuses before a (small) limit is reached.
 	{
 		const small = 128 << 20
-		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", small>>20)}, "--max-watches=0")
+		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", small>>20)}, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
 		ws := openWatches(t, p.url, sa.Token, path, n, nil)
 		s := p.sample()
 		row("| watchgate, GOMEMLIMIT %d MiB, no cap, %d watches tried | %d MiB | – | %d | %d MiB | admitted %d, refused %v |",
@@ -327,17 +327,25 @@ func (p *process) stop() {
 	}
 }
 
-// sample reads RSS from /proc and goroutines and heap from the process.
-func (p *process) sample() sample {
-	var s sample
-	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid)); err == nil {
-		for _, line := range strings.Split(string(status), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				s.rss = kb << 10
-			}
+// rssOf is the resident set size of process pid, from /proc; 0 when it
+// cannot be read.
+func rssOf(pid int) uint64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
 		}
 	}
+	return 0
+}
+
+// sample reads RSS from /proc and goroutines and heap from the process.
+func (p *process) sample() sample {
+	s := sample{rss: rssOf(p.pid)}
 	resp, err := http.Get(p.statsURL)
 	if err != nil {
 		return s

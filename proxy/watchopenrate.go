@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+const (
+	// DefaultWatchOpensPerIdentityPerSecond and
+	// DefaultWatchOpenBurstPerIdentity are the defaults of
+	// --watch-opens-per-identity-per-second and
+	// --watch-open-burst-per-identity: far above what client-go lets one
+	// client open (its default QPS 5, burst 10; controllers commonly run at
+	// 20–50), so an agent's restart with a few hundred informers is never
+	// held back, while one caller's thousand watches opened at once reach
+	// the API server as a ramp instead (each an etcd list and watch where
+	// the API server has no watch cache).
+	DefaultWatchOpensPerIdentityPerSecond = 30
+	DefaultWatchOpenBurstPerIdentity      = 300
+	// maxWatchOpenRateKeys caps the callers whose watch-open buckets are
+	// tracked (48 bytes each, plus the map's own); callers beyond it share
+	// one bucket until the tracked ones refill and are dropped.
+	maxWatchOpenRateKeys = 16384
+)
+
+// GuardWatchOpenRate: the caller opened its burst of watches through this
+// replica faster than its per-identity rate refills it; answered 429 with
+// Retry-After, the time until it may open one again.
+const GuardWatchOpenRate = "WatchOpenRate"
+
+// watchOpenRate is the replica's ceiling on how fast one caller
+// (authenticated identity, the same key as the watch guard's, never an
+// impersonated name, so made-up impersonated users cannot multiply it)
+// opens watches that go upstream: a token bucket per caller. It is asked
+// only for watches its budget admitted and the guard gave a place, just
+// before they are forwarded: a watch answered locally (a stale version, a
+// follower that learnt its leader's 410) or refused costs nothing. A
+// refused open is answered at once, holding nothing.
+type watchOpenRate struct {
+	rate *ratelimit.KeyRate
+}
+
+// newWatchOpenRate returns the ceiling of perSecond opens per caller up to
+// burst, or nil (no ceiling) when either is 0 (or the rate infinite).
+func newWatchOpenRate(perSecond float64, burst int) *watchOpenRate {
+	if !(perSecond > 0) || math.IsInf(perSecond, 1) || burst <= 0 {
+		return nil
+	}
+	return &watchOpenRate{rate: ratelimit.NewKeyRate(perSecond, burst, maxWatchOpenRateKeys)}
+}
+
+// allow takes one open of caller's bucket at now, or returns the wait until
+// it may open one.
+func (o *watchOpenRate) allow(now time.Time, caller string) (time.Duration, bool) {
+	return o.rate.Allow(now, caller)
+}
+
+// refuse answers a watch open refused for wait with 429 and Retry-After:
+// the wait rounded up to whole seconds, at least 1.
+func (o *watchOpenRate) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	retry := max(1, int(math.Ceil(wait.Seconds())))
+	guardRejections.WithLabelValues(GuardWatchOpenRate).Inc()
+	w.Header().Set(DecisionHeader, formatDecision("reject", GuardWatchOpenRate, "", retry))
+	writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
+		"watchgate forwards at most its per-identity rate of watch opens on this replica and you opened yours, please try again in %ds",
+		retry), retry))
+}
