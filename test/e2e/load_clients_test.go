@@ -153,6 +153,7 @@ func btoi(b bool) int {
 type opening struct {
 	opened  int
 	took    time.Duration // the slowest process's
+	retries int           // requests asked again after an answer that was no decision
 	refused map[string]int
 }
 
@@ -162,14 +163,16 @@ func (f *fleet) open(t *testing.T, k int) opening {
 	o := opening{refused: map[string]int{}}
 	for _, l := range f.each(t, func(i int) string { return fmt.Sprintf("open %d", f.share(k, i)) }) {
 		fs := strings.Fields(l)
-		if len(fs) < 3 || fs[0] != "opened" {
+		if len(fs) < 4 || fs[0] != "opened" {
 			t.Fatalf("loadclient answered %q to open", l)
 		}
 		n, _ := strconv.Atoi(fs[1])
 		ns, _ := strconv.ParseInt(fs[2], 10, 64)
 		o.opened += n
+		retries, _ := strconv.Atoi(fs[3])
 		o.took = max(o.took, time.Duration(ns))
-		for _, r := range fs[3:] {
+		o.retries += retries
+		for _, r := range fs[4:] {
 			reason, v, _ := strings.Cut(r, "=")
 			c, _ := strconv.Atoi(v)
 			o.refused[reason] += c

@@ -67,12 +67,16 @@ func holdReplica(t *testing.T, e *apiserver.Env, bin, client string, shape clien
 			more := f.open(t, n-first)
 			h.open.opened += more.opened
 			h.open.took += more.took
+			h.open.retries += more.retries
 			for k, v := range more.refused {
 				h.open.refused[k] += v
 			}
 		}
 	}
-	t.Logf("held replica: opened %d of %d (refused %v)", h.open.opened, n, h.open.refused)
+	t.Logf("held replica: opened %d of %d (refused %v, asked again %d)", h.open.opened, n, h.open.refused, h.open.retries)
+	for _, l := range p.logLines("Cannot reach the API server", 3) {
+		t.Log(l)
+	}
 	// Every second the oldest 1% end and as many open; the oldest first
 	// lived past a budget's short-watch threshold (10s).
 	time.Sleep(11 * time.Second)
@@ -101,7 +105,8 @@ func (h heldReplica) table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| held replica: limit %d MiB, GOMEMLIMIT %d MiB, --max-watches %d | value |\n|---|---|\n", h.limit>>20, h.goMemLimit>>20, h.maxWatches)
 	per := float64(max(1, h.watches))
-	fmt.Fprintf(&b, "| watches opened at once / asked | %d / %d (refused: %s) |\n", h.open.opened, h.asked, refusalText(h.open.refused))
+	fmt.Fprintf(&b, "| watches opened at once / asked | %d / %d in %v (refused: %s; asked again after an error: %d) |\n",
+		h.open.opened, h.asked, h.open.took.Round(time.Millisecond), refusalText(h.open.refused), h.open.retries)
 	fmt.Fprintf(&b, "| held %v, 1%% closed and reopened each second: reopened / refused | %d / %s |\n", h.hold, h.reopened, refusalText(h.churnRefused))
 	fmt.Fprintf(&b, "| watches open at the end (ended by the server) | %d (%d) |\n", h.watches, h.ended)
 	fmt.Fprintf(&b, "| peak RSS | %d MiB |\n", h.peakRSS>>20)

@@ -50,7 +50,10 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	c0 := p.cpu()
 	r.open = f.open(t, n)
 	r.openCPU = p.cpu() - c0
-	t.Logf("%s: opened %d of %d in %v (refused %v)", p.url, r.open.opened, n, r.open.took, r.open.refused)
+	t.Logf("%s: opened %d of %d in %v (refused %v, asked again %d)", p.url, r.open.opened, n, r.open.took, r.open.refused, r.open.retries)
+	for _, l := range p.logLines("Cannot reach the API server", 3) {
+		t.Log(l)
+	}
 	time.Sleep(restSettle)
 	c1 := p.cpu()
 	time.Sleep(restSpan)
@@ -122,7 +125,9 @@ func sideBySide(runs [3]loadRun, n int) string {
 	text := func(name string, f func(loadRun) string) {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | – | – |\n", name, f(runs[0]), f(runs[1]), f(runs[2]))
 	}
-	text("refused (reason × count)", func(r loadRun) string { return refusalText(r.open.refused) })
+	text("refused (reason × count); requests asked again after an error or a 5xx that was no decision", func(r loadRun) string {
+		return fmt.Sprintf("%s; %d", refusalText(r.open.refused), r.open.retries)
+	})
 	text("upstream connections (watchgate_proxy_upstream_connections; the bare proxy's sockets to the API server)", func(r loadRun) string {
 		return fmt.Sprint(r.rest.upstream)
 	})

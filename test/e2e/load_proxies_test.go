@@ -31,6 +31,7 @@ type process struct {
 	statsURL string // watchgate: /metrics; bare proxy: goroutines and heap
 	pprof    string // watchgate: its --pprof-bind-address
 	apiPort  int    // the API server's port
+	log      string // watchgate: the file of its output
 	bare     bool
 	stopped  bool
 }
@@ -66,7 +67,7 @@ func startWatchgate(t *testing.T, e *apiserver.Env, bin string, env []string, ar
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, url: "https://" + addrs[0], pid: cmd.Process.Pid, statsURL: "http://" + addrs[1] + "/metrics", pprof: addrs[3], apiPort: apiPort(t, e)}
+	p := &process{cmd: cmd, url: "https://" + addrs[0], pid: cmd.Process.Pid, statsURL: "http://" + addrs[1] + "/metrics", pprof: addrs[3], apiPort: apiPort(t, e), log: logFile.Name()}
 	t.Cleanup(p.stop)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -177,6 +178,21 @@ func (p *process) sample() sample {
 		}
 	}
 	return s
+}
+
+// logLines answers the first k lines of watchgate's output that hold s.
+func (p *process) logLines(s string, k int) []string {
+	data, err := os.ReadFile(p.log)
+	if err != nil || p.log == "" {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.Contains(l, s) && len(out) < k {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func apiPort(t *testing.T, e *apiserver.Env) int {
@@ -351,7 +367,7 @@ func goroutineStacks(text string, k int) string {
 			if len(f) < 3 {
 				continue
 			}
-			fn := f[1]
+			fn, _, _ := strings.Cut(f[1], "+0x")
 			if first, _, _ := strings.Cut(fn, "/"); strings.Contains(first, ".") && strings.Contains(fn, "/") {
 				frame = fn
 				break

@@ -15,8 +15,10 @@
 // on stdout:
 //
 //	open K   opens K watches all at once (at most --in-flight requests at a
-//	         time); answers "opened <ok> <nanoseconds> <reason>=<n> ...",
-//	         the refusals by X-Watchgate-Decision reason or HTTP status
+//	         time), each asked for again up to 5 times after an answer
+//	         that is not a decision (see maxRetries); answers "opened <ok>
+//	         <nanoseconds> <retries> <reason>=<n> ...", the refusals by
+//	         X-Watchgate-Decision reason or HTTP status
 //	close K  ends the K oldest watches; answers "closed <K> <held>"
 //	lat      answers "lat <events> <errors> <µs> <µs> ...": the latency
 //	         samples since the last lat, and forgets them
@@ -58,6 +60,8 @@ type client struct {
 	conns                       []*http.Client
 	nextConn, next              atomic.Int64
 	events, errors, serverEnded atomic.Int64
+	told                        sync.Map // refusal reasons logged
+	retried                     atomic.Int64
 
 	mu   sync.Mutex
 	open []*watch // oldest first
@@ -150,6 +154,13 @@ func raiseFileLimit() {
 	}
 }
 
+// tell logs the first refusal of each reason to stderr.
+func (c *client) tell(reason, what string) {
+	if _, told := c.told.LoadOrStore(reason, true); !told {
+		log.Printf("refused (%s): %s", reason, what)
+	}
+}
+
 func (c *client) held() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -181,7 +192,7 @@ func (c *client) openWatches(k int) string {
 	}
 	wg.Wait()
 	var b strings.Builder
-	fmt.Fprintf(&b, "opened %d %d", ok.Load(), time.Since(start).Nanoseconds())
+	fmt.Fprintf(&b, "opened %d %d %d", ok.Load(), time.Since(start).Nanoseconds(), c.retried.Swap(0))
 	reasons := make([]string, 0, len(refused))
 	for r := range refused {
 		reasons = append(reasons, r)
@@ -193,6 +204,11 @@ func (c *client) openWatches(k int) string {
 	return b.String()
 }
 
+// maxRetries is how often a watch is asked for again after an answer that
+// is not a decision (a transport error, or a 5xx that watchgate did not
+// refuse with): after its Retry-After (at most 5 s), as client-go does.
+const maxRetries = 5
+
 // openOne opens the next watch; it answers why it was refused, or "" once
 // its response headers arrived with 200.
 func (c *client) openOne() string {
@@ -200,6 +216,20 @@ func (c *client) openOne() string {
 	g := k % int64(c.groups)
 	path := fmt.Sprintf("%s/api/v1/namespaces/%s%d/configmaps?watch=true&resourceVersion=0&timeoutSeconds=3600&labelSelector=%s",
 		c.url, c.prefix, g%int64(c.namespaces), url.QueryEscape("load-group="+strconv.FormatInt(g, 10)))
+	for attempt := 0; ; attempt++ {
+		reason, retryAfter := c.try(path)
+		if retryAfter == 0 || attempt == maxRetries {
+			return reason
+		}
+		c.retried.Add(1)
+		time.Sleep(retryAfter)
+	}
+}
+
+// try asks for one watch once; it answers why it was refused ("" when
+// open) and, when the answer was no decision, how long to wait before
+// asking again.
+func (c *client) try(path string) (string, time.Duration) {
 	conn := c.conns[int(c.nextConn.Add(1)-1)%len(c.conns)]
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
@@ -207,19 +237,29 @@ func (c *client) openOne() string {
 	resp, err := conn.Do(req)
 	if err != nil {
 		cancel()
-		return "error"
+		c.tell("error", err.Error())
+		return "error", time.Second
 	}
 	if resp.StatusCode != http.StatusOK {
 		reason := strconv.Itoa(resp.StatusCode)
-		if d := resp.Header.Get(decisionHeader); d != "" {
-			if _, r, ok := strings.Cut(d, "reason="); ok {
-				reason, _, _ = strings.Cut(r, ";")
-			}
+		d := resp.Header.Get(decisionHeader)
+		refused := false
+		if _, r, ok := strings.Cut(d, "reason="); ok {
+			reason, _, _ = strings.Cut(r, ";")
+			refused = true
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
 		cancel()
-		return reason
+		c.tell(reason, fmt.Sprintf("%s %s: %s", resp.Status, d, body))
+		if refused || resp.StatusCode < 500 {
+			return reason, 0
+		}
+		wait := time.Second
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+			wait = time.Duration(min(s, 5)) * time.Second
+		}
+		return reason, wait
 	}
 	w := &watch{cancel: cancel}
 	c.mu.Lock()
@@ -229,7 +269,7 @@ func (c *client) openOne() string {
 		defer resp.Body.Close()
 		c.read(w, resp.Body)
 	})
-	return ""
+	return "", 0
 }
 
 var (
