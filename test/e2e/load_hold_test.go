@@ -20,7 +20,8 @@ type heldReplica struct {
 	open               opening // the first opening, up to asked
 	reopened           int
 	churnRefused       map[string]int
-	base, held         sample
+	base, rest, held   sample // before, opened and at rest, at the end
+	restWatches        int
 	watches            int
 	peakRSS            uint64
 	ended              int
@@ -48,7 +49,7 @@ func holdReplica(t *testing.T, e *apiserver.Env, bin, client string, shape clien
 	peak := p.peakRSS()
 	f := startFleet(t, client, p.url, n, shape)
 	defer f.stop()
-	h.base = p.sample()
+	h.base = p.sampleAfter(true)
 	first := n
 	if profileDir != "" && n > profileAt {
 		first = profileAt
@@ -77,9 +78,11 @@ func holdReplica(t *testing.T, e *apiserver.Env, bin, client string, shape clien
 	for _, l := range p.logLines("Cannot reach the API server", 3) {
 		t.Log(l)
 	}
-	// Every second the oldest 1% end and as many open; the oldest first
-	// lived past a budget's short-watch threshold (10s).
+	// At rest, then every second the oldest 1% end and as many open; the
+	// oldest first lived past a budget's short-watch threshold (10s).
 	time.Sleep(11 * time.Second)
+	h.rest = p.sampleAfter(true)
+	h.restWatches, _ = f.held(t)
 	deadline := time.Now().Add(hold)
 	for time.Now().Before(deadline) {
 		next := time.Now().Add(time.Second)
@@ -93,7 +96,7 @@ func holdReplica(t *testing.T, e *apiserver.Env, bin, client string, shape clien
 		time.Sleep(time.Until(next))
 	}
 	h.watches, h.ended = f.held(t)
-	h.held = p.sample()
+	h.held = p.sampleAfter(true)
 	h.peakRSS = peak()
 	if h.peakRSS >= uint64(h.limit) {
 		t.Errorf("peak RSS %d MiB reached the limit %d MiB", h.peakRSS>>20, h.limit>>20)
@@ -104,16 +107,17 @@ func holdReplica(t *testing.T, e *apiserver.Env, bin, client string, shape clien
 func (h heldReplica) table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| held replica: limit %d MiB, GOMEMLIMIT %d MiB, --max-watches %d | value |\n|---|---|\n", h.limit>>20, h.goMemLimit>>20, h.maxWatches)
-	per := float64(max(1, h.watches))
+	per := float64(max(1, h.restWatches))
 	fmt.Fprintf(&b, "| watches opened at once / asked | %d / %d in %v (refused: %s; asked again after an error: %d) |\n",
 		h.open.opened, h.asked, h.open.took.Round(time.Millisecond), refusalText(h.open.refused), h.open.retries)
-	fmt.Fprintf(&b, "| held %v, 1%% closed and reopened each second: reopened / refused | %d / %s |\n", h.hold, h.reopened, refusalText(h.churnRefused))
-	fmt.Fprintf(&b, "| watches open at the end (ended by the server) | %d (%d) |\n", h.watches, h.ended)
-	fmt.Fprintf(&b, "| peak RSS | %d MiB |\n", h.peakRSS>>20)
-	fmt.Fprintf(&b, "| RSS, Go heap in use, goroutines at the end | %d MiB, %d MiB, %d |\n", h.held.rss>>20, h.held.heapInuse>>20, h.held.goroutines)
-	fmt.Fprintf(&b, "| RSS per watch, Go heap in use per watch | %.1f KiB, %.1f KiB |\n",
-		(float64(h.held.rss)-float64(h.base.rss))/per/1024, (float64(h.held.heapInuse)-float64(h.base.heapInuse))/per/1024)
-	fmt.Fprintf(&b, "| upstream connections (watchgate_proxy_upstream_connections) | %d |\n", h.held.upstream)
+	fmt.Fprintf(&b, "| held %v, %d (1%%) closed and reopened each second: reopened / refused | %d / %s |\n", h.hold, max(1, h.asked/100), h.reopened, refusalText(h.churnRefused))
+	fmt.Fprintf(&b, "| at rest before the churn: watches, RSS, Go heap in use (after a GC), goroutines, upstream connections | %d, %d MiB, %d MiB, %d, %d |\n",
+		h.restWatches, h.rest.rss>>20, h.rest.heapInuse>>20, h.rest.goroutines, h.rest.upstream)
+	fmt.Fprintf(&b, "| at rest before the churn, per watch: RSS, Go heap in use | %.1f KiB, %.1f KiB |\n",
+		(float64(h.rest.rss)-float64(h.base.rss))/per/1024, (float64(h.rest.heapInuse)-float64(h.base.heapInuse))/per/1024)
+	fmt.Fprintf(&b, "| at the end: watches (ended by the server), RSS, Go heap in use (after a GC), goroutines | %d (%d), %d MiB, %d MiB, %d |\n",
+		h.watches, h.ended, h.held.rss>>20, h.held.heapInuse>>20, h.held.goroutines)
+	fmt.Fprintf(&b, "| peak RSS (limit %d MiB) | %d MiB |\n", h.limit>>20, h.peakRSS>>20)
 	if h.heapTop != "" {
 		fmt.Fprintf(&b, "| heap profile at %d watches, top in-use (flat) | %s |\n", h.profiled, h.heapTop)
 		fmt.Fprintf(&b, "| goroutine profile at %d watches, largest stacks | %s |\n", h.profiled, h.goroutine)

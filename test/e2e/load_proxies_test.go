@@ -137,8 +137,23 @@ func (p *process) stop() {
 
 // sample reads RSS from /proc, and goroutines, heap in use and upstream
 // connections from the process.
-func (p *process) sample() sample {
+func (p *process) sample() sample { return p.sampleAfter(false) }
+
+// sampleAfter is sample, after a garbage collection in the process when gc
+// is set (watchgate's through its pprof server), so that heap in use
+// counts what is live.
+func (p *process) sampleAfter(gc bool) sample {
 	var s sample
+	statsURL := p.statsURL
+	if gc && p.bare {
+		statsURL += "?gc=1"
+	}
+	if gc && !p.bare {
+		if resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1"); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
 	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid)); err == nil {
 		for _, line := range strings.Split(string(status), "\n") {
 			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
@@ -147,7 +162,7 @@ func (p *process) sample() sample {
 			}
 		}
 	}
-	resp, err := http.Get(p.statsURL)
+	resp, err := http.Get(statsURL)
 	if err != nil {
 		return s
 	}
