@@ -27,7 +27,7 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "HTTPS address to serve on")
-	stats := flag.String("stats", "127.0.0.1:0", "plain HTTP address serving /goroutines")
+	stats := flag.String("stats", "127.0.0.1:0", "plain HTTP address serving its goroutines and Go heap in use (bytes), one a line; after a garbage collection with ?gc=1")
 	upstream := flag.String("upstream", "", "API server URL")
 	caFile := flag.String("ca-file", "", "API server CA (PEM)")
 	flag.Parse()
@@ -55,8 +55,13 @@ func main() {
 			log.Fatal(err)
 		}
 		fmt.Println("stats", ln.Addr())
-		log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			fmt.Fprintln(w, runtime.NumGoroutine())
+		log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Get("gc") == "1" {
+				runtime.GC()
+			}
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			fmt.Fprintf(w, "%d\n%d\n", runtime.NumGoroutine(), m.HeapInuse)
 		})))
 	}()
 	ln, err := net.Listen("tcp", *listen)

@@ -1,0 +1,141 @@
+//go:build load
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watchgate/watchgate/test/apiserver"
+)
+
+// loadRun is what one proxy did with the side-by-side load.
+type loadRun struct {
+	name string
+	// base is the proxy before the watches, rest with them, at rest.
+	base, rest sample
+	open       opening
+	// openCPU is the proxy's CPU (seconds) while the watches opened,
+	// restCPU its CPU at rest (cores).
+	openCPU, restCPU float64
+	// writes (failed) the writer made; latencies of the events delivered,
+	// sorted; errorEvents the ERROR events the clients saw.
+	writes, writesFailed, errorEvents int
+	latencies                         []time.Duration
+	// eventCPU is the proxy's CPU per delivered event (seconds), net of
+	// its CPU at rest; eventCPUGross is not.
+	eventCPU, eventCPUGross float64
+	// ended is the watches the server ended during the run.
+	ended int
+}
+
+// restSettle is how long the watches settle after opening, and restSpan
+// how long CPU at rest is measured.
+const (
+	restSettle = 10 * time.Second
+	restSpan   = 30 * time.Second
+)
+
+// measureLoad opens n watches through p with f all at once, measures p at
+// rest, delivers events at deliveries a second for d, and closes the
+// watches and f.
+func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, n int, objs loadObjects, deliveries int, d time.Duration) loadRun {
+	t.Helper()
+	defer f.stop()
+	var r loadRun
+	r.base = p.sampleAfter(true)
+	c0 := p.cpu()
+	r.open = f.open(t, n)
+	r.openCPU = p.cpu() - c0
+	t.Logf("%s: opened %d of %d in %v (refused %v, asked again %d)", p.url, r.open.opened, n, r.open.took, r.open.refused, r.open.retries)
+	for _, l := range p.logLines("Cannot reach the API server", 3) {
+		t.Log(l)
+	}
+	time.Sleep(restSettle)
+	c1 := p.cpu()
+	time.Sleep(restSpan)
+	r.restCPU = (p.cpu() - c1) / restSpan.Seconds()
+	r.rest = p.sampleAfter(true)
+
+	// Each write reaches the watches of its group: opened ÷ groups.
+	f.latencies(t)
+	perWrite := max(1, float64(r.open.opened)/float64(objs.groups))
+	c2, t0 := p.cpu(), time.Now()
+	r.writes, r.writesFailed = objs.write(ctx, e.Clientset, float64(deliveries)/perWrite, d)
+	time.Sleep(2 * time.Second) // the last writes' events
+	gross := p.cpu() - c2
+	net := gross - r.restCPU*time.Since(t0).Seconds()
+	r.latencies, r.errorEvents = f.latencies(t)
+	if len(r.latencies) > 0 {
+		r.eventCPU = net / float64(len(r.latencies))
+		r.eventCPUGross = gross / float64(len(r.latencies))
+	}
+	_, r.ended = f.held(t)
+	f.close(t, r.open.opened)
+	return r
+}
+
+// sideBySide is the table of the side-by-side runs, the bare proxy last,
+// with each watchgate's ratio to it.
+func sideBySide(runs [3]loadRun, n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| %d watches opened at once | %s | %s | %s | ratio %s | ratio %s |\n|---|---|---|---|---|---|\n",
+		n, runs[0].name, runs[1].name, runs[2].name, "(1) ÷ bare", "(2) ÷ bare")
+	kib := func(v float64) string { return fmt.Sprintf("%.1f KiB", v/1024) }
+	mib := func(v float64) string { return fmt.Sprintf("%.0f MiB", v/(1<<20)) }
+	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	dur := func(v float64) string { return time.Duration(v).Round(time.Millisecond).String() }
+	micro := func(v float64) string { return fmt.Sprintf("%.1f µs", v*1e6) }
+	perWatch := func(r loadRun) float64 { return float64(max(1, r.open.opened)) }
+	rows := []struct {
+		name   string
+		val    func(loadRun) float64
+		format func(float64) string
+		ratio  bool
+	}{
+		{"watches held", func(r loadRun) float64 { return float64(r.open.opened) }, count, false},
+		{"time to open them all", func(r loadRun) float64 { return float64(r.open.took) }, dur, true},
+		{"proxy CPU to open, per watch", func(r loadRun) float64 { return r.openCPU / perWatch(r) }, micro, true},
+		{"RSS at rest", func(r loadRun) float64 { return float64(r.rest.rss) }, mib, true},
+		{"RSS per watch", func(r loadRun) float64 { return (float64(r.rest.rss) - float64(r.base.rss)) / perWatch(r) }, kib, true},
+		{"Go heap in use (after a GC)", func(r loadRun) float64 { return float64(r.rest.heapInuse) }, mib, true},
+		{"Go heap in use per watch", func(r loadRun) float64 {
+			return (float64(r.rest.heapInuse) - float64(r.base.heapInuse)) / perWatch(r)
+		}, kib, true},
+		{"goroutines", func(r loadRun) float64 { return float64(r.rest.goroutines) }, count, true},
+		{"CPU at rest (cores)", func(r loadRun) float64 { return r.restCPU }, func(v float64) string { return fmt.Sprintf("%.3f", v) }, false},
+		{"events delivered", func(r loadRun) float64 { return float64(len(r.latencies)) }, count, false},
+		{"delivery latency p50", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.50)) }, dur, true},
+		{"delivery latency p99", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.99)) }, dur, true},
+		{"proxy CPU per event", func(r loadRun) float64 { return r.eventCPUGross }, micro, true},
+		{"proxy CPU per event, net of CPU at rest", func(r loadRun) float64 { return r.eventCPU }, micro, true},
+	}
+	for _, row := range rows {
+		bare := row.val(runs[2])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |", row.name, row.format(row.val(runs[0])), row.format(row.val(runs[1])), row.format(bare))
+		for _, r := range runs[:2] {
+			if row.ratio && bare > 0 {
+				fmt.Fprintf(&b, " %.2f× |", row.val(r)/bare)
+			} else {
+				b.WriteString(" – |")
+			}
+		}
+		b.WriteString("\n")
+	}
+	text := func(name string, f func(loadRun) string) {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | – | – |\n", name, f(runs[0]), f(runs[1]), f(runs[2]))
+	}
+	text("refused (reason × count); requests asked again after an error or a 5xx that was no decision", func(r loadRun) string {
+		return fmt.Sprintf("%s; %d", refusalText(r.open.refused), r.open.retries)
+	})
+	text("upstream connections (watchgate_proxy_upstream_connections; the bare proxy's sockets to the API server)", func(r loadRun) string {
+		return fmt.Sprint(r.rest.upstream)
+	})
+	text("writes (failed), ERROR events, watches the server ended", func(r loadRun) string {
+		return fmt.Sprintf("%d (%d), %d, %d", r.writes, r.writesFailed, r.errorEvents, r.ended)
+	})
+	return b.String()
+}
