@@ -92,7 +92,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
 				if reason != "" {
 					a.notForwarded(&d, lead)
-					a.warnGuard(w, a.clock.Now(), caller, reason, mem)
+					a.warnGuard(w, a.clock.Now(), caller, reason, mem, guardRetryAfterSeconds)
 					a.guard.refuse(w, r, reason, mem)
 					return
 				}
@@ -103,6 +103,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 						a.guard.release(caller)
 					}
 					a.notForwarded(&d, lead)
+					a.warnGuard(w, a.clock.Now(), caller, GuardWatchOpenRate, nil, retryAfterSeconds(wait))
 					a.opens.refuse(w, r, wait)
 					return
 				}

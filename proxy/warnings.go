@@ -99,11 +99,11 @@ func warningText(v ratelimit.Verb, d *ratelimit.Decision) string {
 // a watch of caller at now (reason, with the memory sample s it decided
 // on), unless that caller was warned about a guard refusal within
 // warningInterval.
-func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *memorySample) {
-	if a.warnings == nil || !a.warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: guardRetryAfterSeconds}) {
+func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *memorySample, retryAfter int) {
+	if a.warnings == nil || !a.warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: retryAfter}) {
 		return
 	}
-	text := fmt.Sprintf("watchgate refused this watch on this replica (%s: %s); retry after %ds", reason, a.guard.refusalText(reason, s), guardRetryAfterSeconds)
+	text := fmt.Sprintf("watchgate refused this watch on this replica (%s: %s); retry after %ds", reason, a.refusalText(reason, s), retryAfter)
 	if h, err := utilnet.NewWarningHeader(299, "-", text); err == nil {
 		w.Header().Add("Warning", h)
 	}
@@ -119,10 +119,19 @@ func (a *admission) warnGuardOwed(w http.ResponseWriter, caller string) {
 	if !ok {
 		return
 	}
-	text := fmt.Sprintf("watchgate refused an earlier watch on this replica (%s: %s); retried after %ds", r.guard, a.guard.refusalText(r.guard, nil), r.retryAfterSeconds)
+	text := fmt.Sprintf("watchgate refused an earlier watch on this replica (%s: %s); retried after %ds", r.guard, a.refusalText(r.guard, nil), r.retryAfterSeconds)
 	if h, err := utilnet.NewWarningHeader(299, "-", text); err == nil {
 		w.Header().Add("Warning", h)
 	}
+}
+
+// refusalText says which limit of the replica refused a watch for reason:
+// the watch-open ceiling's, or the guard's.
+func (a *admission) refusalText(reason string, s *memorySample) string {
+	if reason == GuardWatchOpenRate && a.opens != nil {
+		return a.opens.text()
+	}
+	return a.guard.refusalText(reason, s)
 }
 
 // rejection is what a repeated warning says about a 429 (or a guard's 503).

@@ -347,7 +347,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 	g := newWatchGuard(10, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
 	// 3 at once, then one per 100 s: nothing refills while the test runs.
 	px := newTestAdmission(t, &admission{engine: engine, maxDelay: time.Millisecond, guard: g,
-		opens: newWatchOpenRate(0.01, 3)}, guardedUpstream(t, nil))
+		opens: newWatchOpenRate(0.01, 3), warnings: newWarningLimiter(warningInterval, maxWarnedIdentities)}, guardedUpstream(t, nil))
 	for i := range 5 {
 		if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=1"); resp.StatusCode != http.StatusOK ||
 			!strings.Contains(resp.Header.Get(DecisionHeader), "StaleResourceVersion") {
@@ -375,6 +375,9 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 		resp.Header.Get(DecisionHeader) != fmt.Sprintf("reject; reason=WatchOpenRate; retry-after=%d", retry) {
 		t.Errorf("the agent's 4th watch, as bob: HTTP %d, Retry-After %q, %q, Status %+v; want 429 WatchOpenRate, about 100s",
 			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get(DecisionHeader), s)
+	}
+	if w := resp.Header.Get("Warning"); !strings.Contains(w, "WatchOpenRate") || !strings.Contains(w, "--watch-open-burst-per-identity=3") {
+		t.Errorf("the agent's 4th watch carries Warning %q, want one naming WatchOpenRate and --watch-open-burst-per-identity=3", w)
 	}
 	if n := counterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
 		t.Errorf("watchgate_proxy_guard_rejections_total{reason=WatchOpenRate} grew by %v, want 1", n)

@@ -43,7 +43,9 @@ const GuardWatchOpenRate = "WatchOpenRate"
 // follower that learnt its leader's 410) or refused costs nothing. A
 // refused open is answered at once, holding nothing.
 type watchOpenRate struct {
-	rate *ratelimit.KeyRate
+	rate      *ratelimit.KeyRate
+	perSecond float64
+	burst     int
 }
 
 // newWatchOpenRate returns the ceiling of perSecond opens per caller up to
@@ -52,7 +54,7 @@ func newWatchOpenRate(perSecond float64, burst int) *watchOpenRate {
 	if !(perSecond > 0) || math.IsInf(perSecond, 1) || burst <= 0 {
 		return nil
 	}
-	return &watchOpenRate{rate: ratelimit.NewKeyRate(perSecond, burst, maxWatchOpenRateKeys)}
+	return &watchOpenRate{rate: ratelimit.NewKeyRate(perSecond, burst, maxWatchOpenRateKeys), perSecond: perSecond, burst: burst}
 }
 
 // allow takes one open of caller's bucket at now, or returns the wait until
@@ -61,10 +63,15 @@ func (o *watchOpenRate) allow(now time.Time, caller string) (time.Duration, bool
 	return o.rate.Allow(now, caller)
 }
 
+// text names the ceiling's flags and values, for a refusal's Warning.
+func (o *watchOpenRate) text() string {
+	return fmt.Sprintf("you opened more than --watch-open-burst-per-identity=%d watches faster than --watch-opens-per-identity-per-second=%g", o.burst, o.perSecond)
+}
+
 // refuse answers a watch open refused for wait with 429 and Retry-After:
 // the wait rounded up to whole seconds, at least 1.
 func (o *watchOpenRate) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration) {
-	retry := max(1, int(math.Ceil(wait.Seconds())))
+	retry := retryAfterSeconds(wait)
 	guardRejections.WithLabelValues(GuardWatchOpenRate).Inc()
 	w.Header().Set(DecisionHeader, formatDecision("reject", GuardWatchOpenRate, "", retry))
 	writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
