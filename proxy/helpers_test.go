@@ -13,7 +13,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -145,7 +144,7 @@ func newTestAdmission(t testing.TB, adm *admission, upstream *rest.Config) *http
 	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
 	top := newTopEndpoint(adm.engine, testAccess, "replica-0", clock.RealClock{}, logs)
-	top.reads = rate.NewLimiter(rate.Inf, 0)
+	top.reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
 	h := chain(testTokens, testImpersonation, FailClosed, adm, top, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)

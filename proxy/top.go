@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -28,8 +27,10 @@ type topEngine interface {
 
 // Reads of the top endpoint walk every tracked identity of the budgets
 // asked for (ratelimit.Engine.Top), so the replica computes at most
-// topReadsPerSecond of them, topReadBurst at once, whoever asks; beyond
-// that the caller gets 429 with Retry-After.
+// topReadsPerSecond of them for each caller, topReadBurst at once; beyond
+// that the caller gets 429 with Retry-After. Each caller has a bucket of
+// its own (callers past maxTopAccessAnswers share one), so that one
+// reader's loop never refuses another's read.
 const (
 	topReadsPerSecond = 2
 	topReadBurst      = 4
@@ -52,13 +53,13 @@ type topEndpoint struct {
 	engine  topEngine // nil: the engine cannot rank, 404
 	access  authorizer.Authorizer
 	replica string
-	reads   *rate.Limiter
+	reads   *ratelimit.KeyRate
 	clock   clock.PassiveClock
 	log     *sampledLogger
 }
 
 func newTopEndpoint(engine Engine, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledLogger) *topEndpoint {
-	t := &topEndpoint{access: access, replica: replica, reads: rate.NewLimiter(topReadsPerSecond, topReadBurst), clock: clk, log: log}
+	t := &topEndpoint{access: access, replica: replica, reads: ratelimit.NewKeyRate(topReadsPerSecond, topReadBurst, maxTopAccessAnswers), clock: clk, log: log}
 	t.engine, _ = engine.(topEngine)
 	return t
 }
@@ -130,8 +131,9 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"User %q cannot get resource \"watchbudgets/status\" in API group %q at the cluster scope", caller.GetName(), topResource.Group)))
 		return
 	}
-	if !t.reads.AllowN(t.clock.Now(), 1) {
-		writeStatus(w, r, apierrors.NewTooManyRequests("too many reads of the top endpoint on this replica, please try again later", 1))
+	if wait, ok := t.reads.Allow(t.clock.Now(), caller.GetName()); !ok {
+		secs := retryAfterSeconds(wait)
+		writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf("too many reads of the top endpoint on this replica, please try again in %ds", secs), secs))
 		return
 	}
 	report := t.report(q)

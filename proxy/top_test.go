@@ -11,6 +11,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	testingclock "k8s.io/utils/clock/testing"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
@@ -130,13 +132,17 @@ func TestTopEndpointRefusesOtherMethods(t *testing.T) {
 func TestTopEndpointReadsAreRateLimited(t *testing.T) {
 	engine := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
 	clk := testingclock.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	top := newTopEndpoint(engine, testAccess, "replica-0", clk, discardLogs())
-	read := func() int {
-		req := httptest.NewRequestWithContext(withCaller(context.Background(), alice), http.MethodGet, topv1alpha1.Path, nil)
+	allowAll := authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+		return authorizer.DecisionAllow, "", nil
+	})
+	top := newTopEndpoint(engine, allowAll, "replica-0", clk, discardLogs())
+	readAs := func(caller user.Info) int {
+		req := httptest.NewRequestWithContext(withCaller(context.Background(), caller), http.MethodGet, topv1alpha1.Path, nil)
 		rec := httptest.NewRecorder()
 		top.ServeHTTP(rec, req)
 		return rec.Code
 	}
+	read := func() int { return readAs(alice) }
 	for i := range topReadBurst {
 		if code := read(); code != http.StatusOK {
 			t.Fatalf("read %d within the burst: %d, want 200", i+1, code)
@@ -144,6 +150,9 @@ func TestTopEndpointReadsAreRateLimited(t *testing.T) {
 	}
 	if code := read(); code != http.StatusTooManyRequests {
 		t.Errorf("a read beyond the burst at the same instant: %d, want 429", code)
+	}
+	if code := readAs(&user.DefaultInfo{Name: "bob"}); code != http.StatusOK {
+		t.Errorf("another caller's read while alice's bucket is empty: %d, want 200", code)
 	}
 	clk.SetTime(clk.Now().Add(time.Second / topReadsPerSecond))
 	if code := read(); code != http.StatusOK {
