@@ -227,24 +227,8 @@ func TestLoadHostileTenant(t *testing.T) {
 		flags = append(flags, "--pprof-bind-address="+pprofAddr)
 	}
 	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", goMemLimit>>20)}, flags...)
-	var peak atomic.Uint64
-	stopSampling := make(chan struct{})
-	var sampling sync.WaitGroup
-	sampling.Go(func() {
-		for {
-			// RSS only, from /proc: scraping the replica's metrics four
-			// times a second would take CPU from what is measured.
-			if r := rssOf(p.pid); r > peak.Load() {
-				peak.Store(r)
-			}
-			select {
-			case <-stopSampling:
-				return
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-	})
-	defer func() { close(stopSampling); sampling.Wait() }()
+	peakRSS := p.peakRSS(250 * time.Millisecond)
+	defer peakRSS()
 
 	// With its own CPU, everything under test (kube-apiserver, etcd, the
 	// replica, this test with the victim and the control) runs on CPU 0,
@@ -438,8 +422,9 @@ func TestLoadHostileTenant(t *testing.T) {
 	if n := victim429.Load(); n != 0 {
 		t.Errorf("the victim got %d × 429", n)
 	}
-	if peak.Load() >= limit {
-		t.Errorf("peak RSS %d MiB reached the chart's limit %d MiB", peak.Load()>>20, limit>>20)
+	peak := peakRSS()
+	if peak >= limit {
+		t.Errorf("peak RSS %d MiB reached the chart's limit %d MiB", peak>>20, limit>>20)
 	}
 	if got := report.Answers["deleted pod's token"]; (only == "" || strings.Contains(only, "revoked")) && (len(got) != 1 || got["401"] == 0) {
 		t.Errorf("the deleted pod's token got %v, want only 401", got)
@@ -475,7 +460,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	row("control, the same agent straight to kube-apiserver at the same moments: quiet (slowest of 3); at each restart during the attack",
 		fmt.Sprintf("%v; %s (%s quiet)", directQuiet.Round(time.Millisecond), durations(directSyncs), ratios(directSyncs, directQuiet)))
 	row("CPU time over the attack, by process", cpuAttack)
-	row("replica: peak RSS (limit 512 MiB, GOMEMLIMIT 460 MiB)", fmt.Sprintf("%d MiB", peak.Load()>>20))
+	row("replica: peak RSS (limit 512 MiB, GOMEMLIMIT 460 MiB)", fmt.Sprintf("%d MiB", peak>>20))
 	row("reviews sent during the attack (watchgate_proxy_reviews_sent_total)", delta("watchgate_proxy_reviews_sent_total", "review", nil))
 	row("guard refusals by reason (watchgate_proxy_guard_rejections_total)", delta("watchgate_proxy_guard_rejections_total", "reason", nil))
 	row("budget rejections by reason (watchgate_proxy_requests_total{decision=\"reject\"})", delta("watchgate_proxy_requests_total", "reason", map[string]string{"decision": "reject"}))

@@ -46,7 +46,7 @@ func holdReplica(t *testing.T, e *apiserver.Env, bin, client string, shape clien
 	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", h.goMemLimit>>20)},
 		fmt.Sprintf("--max-watches=%d", h.maxWatches), fmt.Sprintf("--max-watches-per-identity=%d", h.maxWatches), "--watch-opens-per-identity-per-second=0")
 	defer p.stop()
-	peak := p.peakRSS()
+	peak := p.peakRSS(time.Second)
 	f := startFleet(t, client, p.url, n, shape)
 	defer f.stop()
 	h.base = p.sampleAfter(true)

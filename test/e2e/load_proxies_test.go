@@ -277,9 +277,10 @@ func rssOf(pid int) uint64 {
 	return 0
 }
 
-// peakRSS samples p's RSS every second until the returned function is
-// called, which answers the highest sample.
-func (p *process) peakRSS() func() uint64 {
+// peakRSS samples p's RSS (from /proc, so that sampling takes no CPU
+// from p) every interval until the returned function is first called; it
+// answers the highest sample, every time it is called.
+func (p *process) peakRSS(every time.Duration) func() uint64 {
 	var peak atomic.Uint64
 	stop := make(chan struct{})
 	var sampling sync.WaitGroup
@@ -291,15 +292,15 @@ func (p *process) peakRSS() func() uint64 {
 			select {
 			case <-stop:
 				return
-			case <-time.After(time.Second):
+			case <-time.After(every):
 			}
 		}
 	})
-	return func() uint64 {
+	return sync.OnceValue(func() uint64 {
 		close(stop)
 		sampling.Wait()
 		return peak.Load()
-	}
+	})
 }
 
 // profiles saves watchgate's heap and goroutine profiles into dir as
