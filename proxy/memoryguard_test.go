@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 const mib = 1 << 20
@@ -67,5 +69,65 @@ func TestRuntimeMemory(t *testing.T) {
 	}
 	if limit == math.MaxInt64 {
 		t.Errorf("limit %d: an unset limit must read as 0", limit)
+	}
+}
+
+// Above the high-water mark the guard has garbage collected, in the
+// background, at most once per interval and one at a time; the next
+// sample is then read at once, so that the memory freed admits watches
+// again without waiting out the sample interval.
+func TestMemoryGuardCollectsGarbageAboveTheMark(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var inUse atomic.Uint64
+	inUse.Store(95 * mib)
+	release := make(chan struct{})
+	var collections atomic.Int32
+	g := newWatchGuard(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clocktesting.NewFakePassiveClock(t0))
+	m := g.memory
+	m.collect = func() {
+		collections.Add(1)
+		<-release
+		inUse.Store(60 * mib) // the garbage is gone
+	}
+
+	if reason, _ := g.admit(t0, "alice"); reason != GuardMemoryHighWater {
+		t.Fatalf("at 95%% of the limit: %q, want %s", reason, GuardMemoryHighWater)
+	}
+	// While the collection runs, more refusals start no other one.
+	for i := range 10 {
+		if reason, _ := g.admit(t0.Add(time.Duration(i)*time.Millisecond), "bob"); reason != GuardMemoryHighWater {
+			t.Fatalf("still above the mark: %q", reason)
+		}
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for m.collecting.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := collections.Load(); n != 1 {
+		t.Fatalf("%d collections, want 1", n)
+	}
+	// Read anew at once, within the sample interval of the last reading.
+	if reason, _ := g.admit(t0.Add(20*time.Millisecond), "alice"); reason != "" {
+		t.Errorf("after the collection: refused %q, want admitted", reason)
+	}
+	// Above the mark again within the interval: no new collection.
+	inUse.Store(95 * mib)
+	m.sample.Store(&memorySample{})
+	if reason, _ := g.admit(t0.Add(time.Second), "alice"); reason != GuardMemoryHighWater {
+		t.Fatalf("at 95%% again: %q", reason)
+	}
+	if n := collections.Load(); n != 1 {
+		t.Errorf("%d collections within %s, want 1", n, memoryCollectInterval)
+	}
+	// After the interval, one more.
+	if reason, _ := g.admit(t0.Add(memoryCollectInterval+time.Second), "alice"); reason != GuardMemoryHighWater {
+		t.Fatalf("at 95%% after the interval: %q", reason)
+	}
+	for m.collecting.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := collections.Load(); n != 2 {
+		t.Errorf("%d collections after the interval, want 2", n)
 	}
 }

@@ -6,17 +6,23 @@ import (
 	"net/http"
 )
 
-// idleReadBytes is the buffer an admitted watch's stream is read into
-// while nothing flows: the one buffer an idle watch keeps. An event that
-// fits (bookmarks, most ConfigMaps, small objects) goes to the client in
-// one write, as through a bare reverse proxy; a larger one in two, the
-// rest read into a pooled copy buffer.
-const idleReadBytes = 4 << 10
-
 // bufferPool hands out copy buffers of copyBufferBytes.
 type bufferPool interface {
 	Get() []byte
 	Put([]byte)
+}
+
+// relayedStream is what copyWatch relays: a stream that can also wait for
+// its next bytes without a buffer.
+type relayedStream interface {
+	io.Reader
+	// waitByte blocks until the stream has a byte and takes it; err is
+	// the stream's end or failure, which may come with the byte (ok).
+	waitByte() (b byte, ok bool, err error)
+	// readAfter reads into p[1:] what the stream has after the byte
+	// waitByte took, which p[0] holds, as one read of p: n counts that
+	// byte.
+	readAfter(p []byte) (n int, err error)
 }
 
 // copyWatch relays an admitted watch's stream from body to w, flushing
@@ -25,33 +31,53 @@ type bufferPool interface {
 //
 // httputil.ReverseProxy reads a response through one copy buffer for its
 // whole life: for a watch, 32 KiB held while the stream is idle, which is
-// most of the time, and most of what an idle watch costs. copyWatch blocks
-// in a read of idleReadBytes instead, and takes a pooled copy buffer only
-// when that read came back full, so more is likely waiting, for one read,
-// and returns it to the pool right after. A burst keeps the pooled buffer
-// read after read as long as each read fills it. A read that does not fill
-// its buffer ends the burst: the next one waits in the small buffer again.
+// most of the time, and most of what an idle watch costs. copyWatch holds
+// no buffer while the stream is idle: it waits for the stream's next byte
+// (waitByte), then takes a pooled copy buffer and reads, after that byte,
+// what has come with it (readAfter): the rest of the HTTP/2 DATA frame at
+// least, since a frame arrives whole. A read that fills the buffer means
+// more is likely waiting, and the next read is into a pooled buffer
+// straight away; a read that does not ends the burst, and the buffer goes
+// back to the pool.
 //
 // Every read's bytes are written and flushed before the next read, which
-// may wait for the next event, so nothing is held back.
-func copyWatch(w http.ResponseWriter, body io.Reader, pool bufferPool) error {
+// may wait for the next event, so nothing is held back. The one case where
+// the read after waitByte waits is an upstream that sends a single byte in
+// a frame of its own: its stream then reaches the client a frame later.
+// kube-apiserver writes whole events.
+func copyWatch(w http.ResponseWriter, body relayedStream, pool bufferPool) error {
 	rc := http.NewResponseController(w)
-	small := make([]byte, idleReadBytes)
 	full := false
 	for {
-		buf, pooled := small, false
+		var buf []byte
+		var n int
+		var rerr error
 		if full {
-			buf, pooled = pool.Get(), true
+			buf = pool.Get()
+			n, rerr = body.Read(buf)
+		} else {
+			first, ok, err := body.waitByte()
+			switch {
+			case ok && err == nil:
+				buf = pool.Get()
+				buf[0] = first
+				n, rerr = body.readAfter(buf)
+			case ok:
+				buf = pool.Get()
+				buf[0] = first
+				n, rerr = 1, err
+			default:
+				rerr = err
+			}
 		}
-		n, rerr := body.Read(buf)
-		full = n == len(buf)
+		full = n == len(buf) && n > 0
 		var werr error
 		if n > 0 {
 			if _, werr = w.Write(buf[:n]); werr == nil {
 				werr = rc.Flush()
 			}
 		}
-		if pooled {
+		if buf != nil {
 			pool.Put(buf)
 		}
 		switch {

@@ -53,10 +53,10 @@ type countingPool struct{ out int }
 func (p *countingPool) Get() []byte  { p.out++; return copyBuffers{}.Get() }
 func (p *countingPool) Put(b []byte) { p.out--; copyBuffers{}.Put(b) }
 
-func TestCopyWatchTakesAPooledBufferOnlyAfterAFullRead(t *testing.T) {
+func TestCopyWatchHoldsNoBufferWhileWaiting(t *testing.T) {
 	var want []byte
 	var arrivals [][]byte
-	for i, n := range []int{100, idleReadBytes, 5000, 40000} {
+	for i, n := range []int{100, 4096, 5000, 40000} {
 		a := bytes.Repeat([]byte{byte('a' + i)}, n)
 		arrivals, want = append(arrivals, a), append(want, a...)
 	}
@@ -67,26 +67,32 @@ func TestCopyWatchTakesAPooledBufferOnlyAfterAFullRead(t *testing.T) {
 	stream := &scriptedStream{arrivals: arrivals, end: io.EOF}
 	stream.check = func(p []byte) {
 		sizes = append(sizes, len(p))
-		// Everything read so far reached the client before this read,
-		// which may wait for the next event.
-		if w.flushed != read {
-			t.Errorf("read %d: %d bytes read before it, %d flushed", len(sizes), read, w.flushed)
-		}
-		if pooled := len(p) == copyBufferBytes; pool.out != btoi(pooled) {
-			t.Errorf("read %d into %d bytes: %d pooled buffers out", len(sizes), len(p), pool.out)
+		switch len(p) {
+		case 1:
+			// Waiting for the next bytes: everything read so far reached
+			// the client, and no copy buffer is out.
+			if w.flushed != read || pool.out != 0 {
+				t.Errorf("read %d waits with %d bytes read, %d flushed, %d pooled buffers out", len(sizes), read, w.flushed, pool.out)
+			}
+		default:
+			// Reading what came: into a pooled buffer, after the byte
+			// the wait took (not yet written) or after a full read.
+			if pool.out != 1 || read-w.flushed > 1 {
+				t.Errorf("read %d into %d bytes: %d bytes read, %d flushed, %d pooled buffers out", len(sizes), len(p), read, w.flushed, pool.out)
+			}
 		}
 	}
 	counted := &countingReads{r: stream, n: &read}
-	if err := copyWatch(w, counted, pool); err != nil {
+	if err := copyWatch(w, &readerStream{Reader: counted}, pool); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(w.written.Bytes(), want) {
 		t.Errorf("client got %d bytes, want the %d sent unchanged", w.written.Len(), len(want))
 	}
-	// 100 (small, not full); 4096 (small, full); 5000 (pooled, not full);
-	// 40000 = 4096 (small, full) + 32768 (pooled, full) + 3136 (pooled);
-	// EOF in the small buffer.
-	wantSizes := []int{idleReadBytes, idleReadBytes, copyBufferBytes, idleReadBytes, copyBufferBytes, copyBufferBytes, idleReadBytes}
+	// Each arrival: a wait of one byte, then the rest after it; 40000 =
+	// 1 + 32767 (full) + 7232 (pooled, not full); EOF in a wait.
+	rest := copyBufferBytes - 1
+	wantSizes := []int{1, rest, 1, rest, 1, rest, 1, rest, copyBufferBytes, 1}
 	if !slices.Equal(sizes, wantSizes) {
 		t.Errorf("read sizes %v, want %v", sizes, wantSizes)
 	}
@@ -107,7 +113,7 @@ func TestCopyWatchReturnsTheFirstFailure(t *testing.T) {
 			stream: &scriptedStream{arrivals: [][]byte{make([]byte, 10)}, end: broken}, want: broken, written: 10,
 		},
 		"a write error (the client left)": {
-			stream:   &scriptedStream{arrivals: [][]byte{make([]byte, idleReadBytes), make([]byte, 10)}, end: io.EOF},
+			stream:   &scriptedStream{arrivals: [][]byte{make([]byte, 4096), make([]byte, 10)}, end: io.EOF},
 			writeErr: broken, want: broken,
 		},
 		"the end of the stream": {
@@ -118,7 +124,7 @@ func TestCopyWatchReturnsTheFirstFailure(t *testing.T) {
 			tc.stream.check = func([]byte) {}
 			w := &flushRecorder{writeErr: tc.writeErr}
 			pool := &countingPool{}
-			if err := copyWatch(w, tc.stream, pool); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			if err := copyWatch(w, &readerStream{Reader: tc.stream}, pool); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Errorf("got %v, want %v", err, tc.want)
 			}
 			if w.written.Len() != tc.written || pool.out != 0 {
@@ -145,4 +151,24 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// readerStream is a relayedStream over a plain reader.
+type readerStream struct {
+	io.Reader
+	one [1]byte
+}
+
+func (s *readerStream) waitByte() (byte, bool, error) {
+	for {
+		n, err := s.Read(s.one[:])
+		if n == 1 || err != nil {
+			return s.one[0], n == 1, err
+		}
+	}
+}
+
+func (s *readerStream) readAfter(p []byte) (int, error) {
+	n, err := s.Read(p[1:])
+	return n + 1, err
 }

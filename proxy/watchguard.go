@@ -205,6 +205,9 @@ func fairShare(s guardState, maxWatches int64) int64 {
 func (g *watchGuard) admit(now time.Time, caller string) (reason string, s *memorySample) {
 	s = g.memory.at(now)
 	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction)}
+	if st.highWater {
+		g.memory.reclaim(now)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	st.open, st.held, st.callers = g.open, g.held[caller], len(g.held)

@@ -258,6 +258,7 @@ type watchBody struct {
 	inspect  *streamInspector // nil when the stream is not inspected
 	inflate  *gzipInspector   // nil unless the stream is gzip-encoded
 	readErr  error            // first read error other than io.EOF
+	first    [1]byte          // the byte waitByte takes
 	closing  sync.Once
 }
 
@@ -274,12 +275,43 @@ func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEn
 
 func (b *watchBody) Read(p []byte) (int, error) {
 	n, err := b.upstream.Read(p)
-	if n > 0 {
+	return b.observe(p[:n], err)
+}
+
+// waitByte blocks until the stream has a byte and takes it, uninspected:
+// readAfter inspects it with the bytes that follow it.
+func (b *watchBody) waitByte() (byte, bool, error) {
+	for {
+		n, err := b.upstream.Read(b.first[:])
+		switch {
+		case n == 1 && err == nil:
+			return b.first[0], true, nil
+		case n == 1:
+			_, err = b.observe(b.first[:], err)
+			return b.first[0], true, err
+		case err != nil:
+			_, err = b.observe(nil, err)
+			return 0, false, err
+		}
+	}
+}
+
+// readAfter reads into p[1:] the bytes after the one waitByte took, which
+// p[0] holds, and inspects p[:n] as one chunk.
+func (b *watchBody) readAfter(p []byte) (int, error) {
+	n, err := b.upstream.Read(p[1:])
+	return b.observe(p[:n+1], err)
+}
+
+// observe shows the inspector what a read of the stream returned, and
+// keeps its error.
+func (b *watchBody) observe(p []byte, err error) (int, error) {
+	if len(p) > 0 {
 		switch {
 		case b.inflate != nil:
-			b.inflate.write(p[:n])
+			b.inflate.write(p)
 		case b.inspect != nil:
-			b.inspect.write(p[:n])
+			b.inspect.write(p)
 		}
 	}
 	if err != nil && b.inflate != nil {
@@ -287,13 +319,13 @@ func (b *watchBody) Read(p []byte) (int, error) {
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		if b.ws.stopped.Load() {
-			return n, io.EOF // closed by the proxy: end the stream cleanly
+			return len(p), io.EOF // closed by the proxy: end the stream cleanly
 		}
 		if b.readErr == nil {
 			b.readErr = err
 		}
 	}
-	return n, err
+	return len(p), err
 }
 
 func (b *watchBody) Close() error {
