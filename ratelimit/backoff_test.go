@@ -83,6 +83,56 @@ func TestTrackedKeysCountAWaveOfFailuresOnce(t *testing.T) {
 	}
 }
 
+// A watch open through a failure of its key that fails after Sweep has
+// dropped the key is the key's first failure again: nothing remembers the
+// wave it belonged to, and the delay is Initial.
+func TestAFailureAfterSweepDroppedTheKeyCountsAsTheFirst(t *testing.T) {
+	e := newTestEngine(t, Options{IdleAfter: time.Minute}, Budget{
+		Name:    "b",
+		Backoff: Backoff{Initial: s, Max: time.Hour, ShortWatch: time.Hour, ResetAfter: 2 * time.Hour},
+	})
+	w1, w2 := e.Decide(t0, watch()).Watch, e.Decide(t0, watch()).Watch
+	e.WatchEnded(t0.Add(s), w1, s, OutcomeError) // until t0+2s
+	if got := e.Sweep(t0.Add(62 * s)); got != 1 {
+		t.Fatalf("Sweep evicted %d, want the key", got)
+	}
+	e.WatchEnded(t0.Add(70*s), w2, 70*s, OutcomeError)
+	expect(t, "after the second failure", e.Decide(t0.Add(70*s), watch()), false, ReasonBackingOff, s)
+	if n := failuresOf(e, "alice"); len(n) != 1 || n[e.seeds.watchKeyOf(&w2.req)] != 1 {
+		t.Errorf("failures %v, want one key with 1", n)
+	}
+}
+
+// A watch opened while its own key was tracked, whose key a reset then
+// dropped, fails into the overflow key: opened while the overflow key was
+// backing off, it does not count there (a watch the overflow key governed
+// could not have opened then).
+func TestAWatchThatFailsIntoABackingOffOverflowKeyDoesNotCount(t *testing.T) {
+	e := newTestEngine(t, Options{MaxBackoffKeysPerIdentity: 1}, Budget{
+		Name:    "b",
+		Backoff: Backoff{Initial: 10 * s, Max: time.Hour, ShortWatch: 10 * s, ResetAfter: 30 * s},
+	})
+	fail := func(at time.Duration, r *Request) {
+		t.Helper()
+		d := e.Decide(t0.Add(at), r)
+		expect(t, "a watch that fails at once", d, true, "", 0)
+		e.WatchEnded(t0.Add(at), d.Watch, 0, OutcomeError)
+	}
+	long := e.Decide(t0, watchIn("a")).Watch
+	c := e.Decide(t0.Add(30*s), watchIn("c")).Watch
+	fail(40*s, watchIn("a")) // "a" is tracked: until 50s
+	fail(51*s, watchIn("b")) // the overflow key: until 61s
+	w := e.Decide(t0.Add(51*s), watchIn("a"))
+	expect(t, `"a" after its delay`, w, true, "", 0)
+	e.WatchEnded(t0.Add(52*s), long, 52*s, OutcomeClosed) // "a" is healthy: dropped
+	e.WatchEnded(t0.Add(52*s), c, 22*s, OutcomeError)     // "c" takes the tracked slot
+	e.WatchEnded(t0.Add(53*s), w.Watch, 2*s, OutcomeError)
+	n := failuresOf(e, "alice")
+	if len(n) != 2 || n[e.seeds.watchKeyOf(&c.req)] != 1 || n[overflowKey] != 1 {
+		t.Errorf("failures %v, want 1 of \"c\" and 1 of the overflow key", n)
+	}
+}
+
 // failuresOf returns the failure count of each backoff key of user in the
 // engine's only budget.
 func failuresOf(e *Engine, user string) map[watchKey]int32 {
