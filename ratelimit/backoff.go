@@ -172,11 +172,11 @@ func (e *Engine) learn(id *identity, req *requestKey, now time.Time, lifetime ti
 // it: in between, every open the key's state governs is refused, so a
 // watch admitted under that state opened either before the failure or
 // after the delay, and no instant is stored besides until. Two kinds of
-// watches open in between: a DryRun budget's, admitted while the key backs
-// off, which do not count, so its delays follow what Enforce would have
-// done rather than double with every round of a client's loop; and a
-// watch whose own key was tracked when it opened, dropped by a reset
-// since, that fails into a backing-off overflow key.
+// watches can still open in between, and do not count: a DryRun budget's,
+// admitted while the key backs off, so that its delays follow what
+// Enforce would have done rather than double with every round of a
+// client's loop; and a watch whose own key was tracked when it opened, and
+// dropped by a reset since, that fails into a backing-off overflow key.
 //
 // This holds for the overflow key alike, whose waves come from many keys
 // at once. Stale answers (staleHold) count each: every one is a new
