@@ -10,6 +10,8 @@ type backoffState struct {
 	// failures counts consecutive failures.
 	failures int32
 	// until is when the current delay expires, UnixNano; 0 when none.
+	// Only watches opened at or after it add failures (see "A wave of
+	// failures counts once").
 	until int64
 	// staleAt is the latest stale answer for the key, UnixNano; 0 when
 	// none (see staleHold).
@@ -122,7 +124,8 @@ func (e *Engine) dropBackoff(id *identity) {
 //     not a failure clears it;
 //   - otherwise a watch that ended with OutcomeError, or sooner than
 //     ShortWatch, is a failure: the key's next watch waits backoffDelay
-//     after now;
+//     after now — if the watch was opened (now − lifetime) at or after
+//     the key's delay ran out (see "A wave of failures counts once");
 //   - otherwise, and after OutcomeDenied (the caller's rights are at
 //     fault, not the watch) or OutcomeNotForwarded, nothing changes.
 //
@@ -140,11 +143,46 @@ func (e *Engine) learn(id *identity, req *requestKey, now time.Time, lifetime ti
 		}
 		return
 	}
-	if failed {
-		k, st := e.slot(id, e.seeds.watchKeyOf(req), overflowKey)
-		id.put(k, e.failure(id, req, st, now, bo))
+	if !failed {
+		return
 	}
+	k, st := e.slot(id, e.seeds.watchKeyOf(req), overflowKey)
+	if now.Add(-lifetime).UnixNano() < st.until {
+		// Opened before the key's delay ran out: in flight when the key
+		// last failed. A key slot returns new has no delay, so nothing
+		// taken from the cap is left unstored here.
+		return
+	}
+	id.put(k, e.failure(id, req, st, now, bo))
 }
+
+// A wave of failures counts once. A watch that fails adds a failure to
+// its key only if it was opened at or after the key's current delay ran
+// out (backoffState.until). Watches already open when the key last failed
+// fail in the same event — an API server that restarts ends all of them;
+// an agent that restarts opens thousands at once, and a hiccup of the API
+// server fails hundreds — so their failures leave the key as it is,
+// however late they are reported. A client that retries after a failure
+// opens after the delay (it is refused until then), so a real loop still
+// doubles the delay with every round. After a reset, or once Sweep has
+// dropped the key, the next failure is a first one, whenever its watch
+// opened.
+//
+// The end of the delay stands in for the instant of the failure that set
+// it: in between, every open the key's state governs is refused, so a
+// watch admitted under that state opened either before the failure or
+// after the delay, and no instant is stored besides until. Two kinds of
+// watches can still open in between, and do not count: a DryRun budget's,
+// admitted while the key backs off, so that its delays follow what
+// Enforce would have done rather than double with every round of a
+// client's loop; and a watch whose own key was tracked when it opened, and
+// dropped by a reset since, that fails into a backing-off overflow key.
+//
+// This holds for the overflow key alike, whose waves come from many keys
+// at once. Stale answers (staleHold) count each: every one is a new
+// request, answered at once and after the one before, so none is in
+// flight when another is answered, and their growing holds are what slows
+// a client that loops on a stale version.
 
 // failure returns st after one more failure at now.
 func (e *Engine) failure(id *identity, req *requestKey, st backoffState, now time.Time, bo Backoff) backoffState {

@@ -42,7 +42,8 @@
 //   - bucket.go: the token bucket, rate.Limiter's arithmetic under the
 //     shard's lock (why: see bucket);
 //   - backoff.go: the backoff formula, how watch endings and stale
-//     answers feed it, and the per-identity overflow key;
+//     answers feed it (a wave of failures counts once), and the
+//     per-identity overflow key;
 //   - watchkey.go: the fixed-size hash a backoff key is stored as;
 //   - stale.go: the stale-resourceVersion memory (parsed versions, the
 //     per-resource watermark);

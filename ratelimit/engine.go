@@ -445,7 +445,10 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 //     max(Initial, d − 0.2·u·d), d = min(Max, Initial·2^(n-1)), u uniform
 //     in [0, 1) — always within [Initial, Max]. With Initial 1s, Max 5m,
 //     a client whose watches die within a second waits about 1s, 2s, 4s,
-//     … then 5m;
+//     … then 5m. Only a watch opened at or after the key's delay ran out
+//     counts: watches that were open when the key last failed fail in the
+//     same event (many watches of one key, or of an identity's untracked
+//     keys, when the API server restarts), and count once;
 //   - otherwise, and always after OutcomeDenied or OutcomeNotForwarded,
 //     nothing changes.
 //

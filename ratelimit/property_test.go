@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -147,10 +148,11 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if b%5 == 0 {
 				outcome = OutcomeError
 			}
+			before := backoffOf(ad.w)
 			e.WatchEnded(now, ad.w, lifetime, outcome)
 			ended = append(ended, ad.w)
 			if ad.user != "dreamer" {
-				checkBackoff(t, e, ad.w, now, lifetime, outcome, bo)
+				checkBackoff(t, e, ad.w, before, now, lifetime, outcome, bo)
 			}
 		case 4: // a watch is released again
 			if len(ended) > 0 {
@@ -207,15 +209,22 @@ func staleIn(reports map[uint64]time.Time, rv string, now time.Time, sv StaleVer
 	return false
 }
 
+// backoffOf returns a copy of the backoff of w's identity.
+func backoffOf(w Watch) map[watchKey]backoffState {
+	w.id.sh.mu.Lock()
+	defer w.id.sh.mu.Unlock()
+	return maps.Clone(w.id.backoff)
+}
+
 // checkBackoff checks what the end of w, just reported, did to the
-// backoff of its key.
-func checkBackoff(t *testing.T, e *Engine, w Watch, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
+// backoff of its key, which was before.
+func checkBackoff(t *testing.T, e *Engine, w Watch, before map[watchKey]backoffState, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
 	t.Helper()
 	sh := w.id.sh
 	sh.mu.Lock()
 	k := e.seeds.watchKeyOf(&w.req)
 	own, tracked := w.id.backoff[k]
-	_, st, ok := w.id.lookup(k)
+	k, st, ok := w.id.lookup(k)
 	spill := w.id == sh.spill
 	sh.mu.Unlock()
 	switch {
@@ -229,6 +238,18 @@ func checkBackoff(t *testing.T, e *Engine, w Watch, now time.Time, lifetime time
 				t.Fatalf("a failure below the key cap was not recorded")
 			}
 			return
+		}
+		opened, prev := now.Add(-lifetime).UnixNano(), before[k]
+		if st == prev {
+			// A failure of a watch opened before the key's delay ran
+			// out: it failed with the failure that set the delay.
+			if opened >= prev.until {
+				t.Fatalf("a failure of a watch opened %s after the delay ran out was not counted", time.Duration(opened-prev.until))
+			}
+			return
+		}
+		if opened < prev.until {
+			t.Fatalf("a failure of a watch opened %s before the delay ran out was counted", time.Duration(prev.until-opened))
 		}
 		if d := time.Duration(st.until - now.UnixNano()); d < bo.Initial || d > bo.Max {
 			t.Fatalf("backoff %s after %d failures, outside [%s, %s]", d, st.failures, bo.Initial, bo.Max)

@@ -225,6 +225,49 @@ func TestTimelines(t *testing.T) {
 				ok(25*s, watch()),
 			},
 		},
+		"watches of one key that fail together count once: the delay is initial, not 2^n": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				// Five pods of one service account watch the same thing;
+				// the API server restarts and all five watches fail.
+				ok(0, watch()), ok(0, watch()), ok(0, watch()), ok(0, watch()), ok(0, watch()),
+				failed(10*s, 0), failed(10*s, 1), failed(10*s, 2), failed(10*s, 3), failed(10*s, 4),
+				no(10*s, watch(), ReasonBackingOff, s),
+				ok(11*s, watch()),
+			},
+		},
+		"a watch in flight when its key failed does not count, even failing after the delay ran out": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()), ok(0, watch()),
+				failed(5*s, 0), // 1s, until 6s
+				failed(8*s, 1), // opened before the failure: the same event
+				ok(8*s, watch()),
+				closed(8100*ms, 4), // opened after the delay: the 2nd failure, 2s
+				no(9*s, watch(), ReasonBackingOff, 1100*ms),
+			},
+		},
+		"a watch opened before a failure that fails after a reset counts as a first failure": {
+			budgets: []Budget{backoff},
+			steps: []step{
+				ok(0, watch()),
+				ok(20*s, watch()), ok(20*s, watch()),
+				failed(21*s, 2), // 1s, until 22s
+				closed(35*s, 0), // lived 35s: the key is healthy, cleared
+				failed(36*s, 1), // opened before the failure, but the key starts afresh
+				no(36*s, watch(), ReasonBackingOff, s),
+			},
+		},
+		"a dry-run key counts failures as enforce would: watches admitted while it backs off do not count": {
+			budgets: []Budget{{Name: "dry", Enforcement: DryRun, Backoff: Backoff{Initial: s, Max: 10 * s, ShortWatch: s}}},
+			steps: []step{
+				ok(0, watch()), closed(100*ms, 0), // 1s, until 1.1s
+				dry(200*ms, watch(), ReasonBackingOff, 900*ms), closed(300*ms, 2), // enforce would have refused it
+				dry(400*ms, watch(), ReasonBackingOff, 700*ms),
+				ok(1100*ms, watch()), closed(1200*ms, 5), // after the delay: the 2nd failure, 2s
+				dry(1300*ms, watch(), ReasonBackingOff, 1900*ms),
+			},
+		},
 		"backoff is per watch key: another namespace or selector is not delayed": {
 			budgets: []Budget{backoff},
 			steps: []step{

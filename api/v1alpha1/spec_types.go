@@ -339,8 +339,10 @@ type Aggregate struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.shortWatchSeconds) || !has(self.resetAfterSeconds) || self.resetAfterSeconds >= self.shortWatchSeconds",message="resetAfterSeconds must be at least shortWatchSeconds",fieldPath=".resetAfterSeconds"
 type Backoff struct {
 	// initialDelaySeconds is the delay, in seconds, imposed after the first
-	// failed watch; each further failure doubles it (with jitter). 0
-	// disables the backoff. Between 0 and 3600; default 1.
+	// failed watch; each further failure doubles it (with jitter). Only a
+	// watch opened after the delay ran out counts: watches open together
+	// that fail together count once. 0 disables the backoff. Between 0 and
+	// 3600; default 1.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=3600
 	// +kubebuilder:default=1

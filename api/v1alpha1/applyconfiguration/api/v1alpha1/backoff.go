@@ -10,8 +10,10 @@ package v1alpha1
 // broken watch does not slow down the same client's healthy ones.
 type BackoffApplyConfiguration struct {
 	// initialDelaySeconds is the delay, in seconds, imposed after the first
-	// failed watch; each further failure doubles it (with jitter). 0
-	// disables the backoff. Between 0 and 3600; default 1.
+	// failed watch; each further failure doubles it (with jitter). Only a
+	// watch opened after the delay ran out counts: watches open together
+	// that fail together count once. 0 disables the backoff. Between 0 and
+	// 3600; default 1.
 	InitialDelaySeconds *int32 `json:"initialDelaySeconds,omitempty"`
 	// maxDelaySeconds caps the delay, in seconds. Must be at least
 	// initialDelaySeconds. Between 0 and 3600; default 60.
