@@ -245,16 +245,18 @@ func (g *gzipInspector) writeDeferred(p []byte) {
 		gzipSkippedBytes.Add(float64(len(g.held)))
 		g.held = g.held[:0]
 	}
-	b := p
+	b, from := p, 0
 	if g.pending != nil {
 		if len(*g.pending)+len(p) > maxPendingGzipBytes {
 			g.stop(stopBound)
 			return
 		}
+		// Ends up to the kept bytes' end were judged by earlier reads.
+		from = len(*g.pending)
 		*g.pending = append(*g.pending, p...)
 		b = *g.pending
 	}
-	end := lastMemberEnd(b, 0)
+	end := lastMemberEnd(b, from)
 	if end == 0 {
 		if g.pending == nil {
 			g.keep(p, 0, 0)
@@ -460,13 +462,17 @@ func (g *gzipInspector) stop(reason string) {
 	g.next.stop()
 }
 
-// release returns the bytes kept and held. Held bytes not inflated by
-// then count as skipped.
+// release returns the bytes kept and held. Bytes not inflated by then
+// count as skipped.
 func (g *gzipInspector) release() {
-	g.releasePending()
-	if len(g.held) > 0 {
-		gzipSkippedBytes.Add(float64(len(g.held)))
+	skipped := len(g.held)
+	if g.deferring && g.pending != nil {
+		skipped += len(*g.pending)
 	}
+	if skipped > 0 {
+		gzipSkippedBytes.Add(float64(skipped))
+	}
+	g.releasePending()
 	g.releaseHeld()
 }
 

@@ -351,6 +351,7 @@ func TestGzipInspectorInflatesOnlyTheFirstAndLastMembers(t *testing.T) {
 		for _, lastChunk := range []int{0, 1, 7, 100} {
 			t.Run(fmt.Sprintf("%s, the last member in reads of %d bytes", name, lastChunk), func(t *testing.T) {
 				g, sink := newTestGzipInspector(t, tc.contentType, 1<<20)
+				skipped := counterValue(t, gzipSkippedBytes)
 				for _, r := range reads[:len(reads)-1] {
 					g.write(r)
 				}
@@ -368,6 +369,11 @@ func TestGzipInspectorInflatesOnlyTheFirstAndLastMembers(t *testing.T) {
 				g.finish()
 				if g.off || !slices.Equal(sink.errors, []int32{410}) || sink.events != 1 {
 					t.Errorf("off %v, errors %v, events %d; want [410] and the first event", g.off, sink.errors, sink.events)
+				}
+				// Counters are shared with the package's other tests,
+				// which run one at a time.
+				if got, want := counterValue(t, gzipSkippedBytes)-skipped, bytesOf(reads[1:len(reads)-1]...); got != float64(want) {
+					t.Errorf("%v compressed bytes counted as skipped, want the middle members' %d", got, want)
 				}
 				if g.inflated > maxInflated {
 					t.Errorf("inflated %d bytes; want at most %d (the first member, the last twice)", g.inflated, maxInflated)
@@ -598,10 +604,14 @@ func TestGzipInspectorSeesNoPlantedMember(t *testing.T) {
 				reads[planted+1] = reads[planted+1][i:]
 			}
 			g, sink := newTestGzipInspector(t, protobufWatchType, 1<<20)
+			unverified := counterValue(t, gzipInspectionsStopped.WithLabelValues(stopUnverified))
 			for _, r := range reads {
 				g.write(r)
 			}
 			g.finish()
+			if got := counterValue(t, gzipInspectionsStopped.WithLabelValues(stopUnverified)) - unverified; got != 0 != tc.lastHeld {
+				t.Errorf("%v inspections counted as stopped unverified", got)
+			}
 			if len(sink.errors) > 0 {
 				t.Fatalf("saw ERROR events %v planted in an object", sink.errors)
 			}
