@@ -315,14 +315,25 @@ func (g *gzipInspector) finish() {
 }
 
 // inflateMember shows the inspector the inflated bytes of m only once it
-// has found that m is exactly one valid gzip member: it inflates m twice,
-// first to check its header, CRC-32 and size and that it ends exactly at
-// m's end, then to show it. A member that is not is not shown, and
-// inspection of the stream ends.
+// has found that m is exactly one valid gzip member: it inflates m and
+// checks its header, CRC-32 and size and that it ends exactly at m's end,
+// then shows what it inflated: kept meanwhile when it is at most
+// maxCollectedBytes (a watch event), inflated again otherwise. A member
+// that is not is not shown, and inspection of the stream ends.
 func (g *gzipInspector) inflateMember(m []byte) {
 	gzipInflatedBytes.Add(float64(len(m)))
 	zr := gzipReaders.Get().(*gzip.Reader)
 	out := inflatedBuffers.Get().(*[]byte)
+	kept := frameBuffers.Get().(*[]byte)
+	collected, collecting := (*kept)[:0], true
+	defer func() {
+		*kept = collected[:0]
+		if cap(collected) <= 1<<20 {
+			frameBuffers.Put(kept)
+		}
+		inflatedBuffers.Put(out)
+		gzipReaders.Put(zr)
+	}()
 	var src bytes.Reader
 	src.Reset(m)
 	err := zr.Reset(&src)
@@ -338,10 +349,11 @@ func (g *gzipInspector) inflateMember(m []byte) {
 				g.inflated > MaxInflatedBytesPerStream {
 				err = errInflationBound
 			}
+			if collecting = collecting && member <= maxCollectedBytes; collecting {
+				collected = append(collected, (*out)[:k]...)
+			}
 		}
 	}
-	inflatedBuffers.Put(out)
-	gzipReaders.Put(zr)
 	switch {
 	case errors.Is(err, errInflationBound):
 		g.stop(stopBound)
@@ -350,10 +362,21 @@ func (g *gzipInspector) inflateMember(m []byte) {
 		g.stop(stopUnverified)
 		return
 	}
+	if collecting {
+		g.next.write(collected)
+		if g.next.off {
+			g.stop("") // the inspector stopped
+		}
+		return
+	}
 	if n, _, ok := g.inflate(m, 0); ok && n != len(m) {
 		g.stop(stopUnverified)
 	}
 }
+
+// maxCollectedBytes caps the inflated bytes of a member kept to be shown
+// once checked; a larger member is inflated again to be shown.
+const maxCollectedBytes = 1 << 20
 
 var errInflationBound = errors.New("inflation bound reached")
 

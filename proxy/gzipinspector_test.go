@@ -346,8 +346,8 @@ func TestGzipInspectorInflatesOnlyTheFirstAndLastMembers(t *testing.T) {
 		}
 		reads := memberReads(t, groups...)
 		last := tc.frames[len(tc.frames)-1]
-		// The first member once, the last twice (checked, then shown).
-		maxInflated := bytesOf(tc.frames[0]) + 2*bytesOf(last)
+		// The first member and the last, once each.
+		maxInflated := bytesOf(tc.frames[0]) + bytesOf(last)
 		for _, lastChunk := range []int{0, 1, 7, 100} {
 			t.Run(fmt.Sprintf("%s, the last member in reads of %d bytes", name, lastChunk), func(t *testing.T) {
 				g, sink := newTestGzipInspector(t, tc.contentType, 1<<20)
@@ -376,7 +376,7 @@ func TestGzipInspectorInflatesOnlyTheFirstAndLastMembers(t *testing.T) {
 					t.Errorf("%v compressed bytes counted as skipped, want the middle members' %d", got, want)
 				}
 				if g.inflated > maxInflated {
-					t.Errorf("inflated %d bytes; want at most %d (the first member, the last twice)", g.inflated, maxInflated)
+					t.Errorf("inflated %d bytes; want at most %d (the first member and the last)", g.inflated, maxInflated)
 				}
 				if g.held != nil || g.pending != nil || g.budget.used.Load() != 0 {
 					t.Errorf("held %d, pending %v, budget used %d after the end", len(g.held), g.pending != nil, g.budget.used.Load())
@@ -526,14 +526,17 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 // stream may hold, a member is inflated at once, and ERROR events are
 // still found.
 func TestGzipInspectorInflatesAtOncePastItsHoldingBounds(t *testing.T) {
-	big := randomText(2 * maxHeldGzipBytes)
-	bigEvent := append(append([]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"k":`), big...), "}}}\n"...)
+	event := func(value []byte) []byte {
+		return append(append([]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"k":`), value...), "}}}\n"...)
+	}
+	bigEvent, hugeEvent := event(randomText(2*maxHeldGzipBytes)), event(randomText(2*maxCollectedBytes))
 	for name, tc := range map[string]struct {
 		budget int64
 		groups [][][]byte
 	}{
-		"the shared budget spent":        {0, [][][]byte{jsonFrames()[:1], jsonFrames()[1:2], jsonFrames()[1:2], jsonFrames()[2:]}},
-		"a member over the stream's cap": {1 << 20, [][][]byte{jsonFrames()[:1], {bigEvent}, jsonFrames()[2:]}},
+		"the shared budget spent":                           {0, [][][]byte{jsonFrames()[:1], jsonFrames()[1:2], jsonFrames()[1:2], jsonFrames()[2:]}},
+		"a member over the stream's cap":                    {1 << 20, [][][]byte{jsonFrames()[:1], {bigEvent}, jsonFrames()[2:]}},
+		"a member too large to keep inflated while checked": {1 << 20, [][][]byte{jsonFrames()[:1], {hugeEvent}, jsonFrames()[2:]}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			reads := memberReads(t, tc.groups...)
@@ -549,8 +552,8 @@ func TestGzipInspectorInflatesAtOncePastItsHoldingBounds(t *testing.T) {
 				}
 			}
 			g.finish()
-			if g.off || !slices.Equal(sink.errors, []int32{410}) {
-				t.Errorf("off %v, errors %v; want [410]", g.off, sink.errors)
+			if g.off || !slices.Equal(sink.errors, []int32{410}) || sink.events != len(reads)-1 {
+				t.Errorf("off %v, errors %v, events %d; want [410] and every member's event", g.off, sink.errors, sink.events)
 			}
 		})
 	}
