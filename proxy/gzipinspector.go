@@ -59,7 +59,10 @@ const (
 // (compressed, in a buffer of its size) and drops it uninflated when more
 // of the stream comes, for a member followed by more data cannot hold the
 // ERROR that ends a watch. When the stream ends (finish) the member held is
-// inflated and shown. A member is held within bounds: at most
+// inflated and shown. kube-apiserver flushes, and so ends members, only
+// between events: the member held starts a frame, as the inspector,
+// which has seen nothing since it started deferring at a frame start,
+// expects. A member is held within bounds: at most
 // maxHeldGzipBytes per stream and heldGzipBudget across all streams; past
 // either, it is inflated at once. A watch idle after its replay holds its
 // last member, a bookmark or an event: a few hundred bytes to a few KiB.
