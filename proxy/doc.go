@@ -62,9 +62,13 @@
 // that can be ERROR events; a frame over MaxInspectedFrameBytes (4 MiB) ends
 // inspection of that stream. A gzip-encoded stream (kube-apiserver's
 // watch-lists to clients that accept gzip: one gzip member per flush) is
-// inflated, a copy, member by member (gzipinspector.go), bounded per
-// stream (MaxInflatedBytesPerStream), per read and by ratio; the inflater
-// is pooled and taken only while a member inflates. An ERROR event with code 410 teaches the engine
+// inflated, a copy, member by member (gzipinspector.go) until its first
+// frame; after that only the member that ends the stream is inflated, for
+// kube-apiserver's ERROR events end their stream: each read's last member
+// is held, compressed, until more comes or the stream ends. Inflation is
+// bounded per stream (MaxInflatedBytesPerStream), per read and by ratio,
+// held bytes per stream and across streams; the inflater is pooled and
+// taken only while a member inflates. An ERROR event with code 410 teaches the engine
 // that the request's resourceVersion is stale, and the end of every watch
 // (how long it lived and whether it failed; a 401/403 is "denied", not a
 // failure) goes to engine.WatchEnded exactly once.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 )
 
 // Bounds of the inspection of a gzip-encoded watch stream. Inflating costs
@@ -30,49 +31,122 @@ const (
 	// maxPendingGzipBytes caps the compressed bytes held of a member that
 	// is cut by reads (the inflated frame cap, compressed).
 	maxPendingGzipBytes = MaxInspectedFrameBytes
+	// maxHeldGzipBytes caps the compressed bytes of the last member one
+	// stream holds uninflated, in case it turns out to be the stream's
+	// last (a watch-list's bookmark or event is a few hundred bytes to a
+	// few KiB); a larger member is inflated at once.
+	maxHeldGzipBytes = 64 << 10
+	// maxHeldGzipBytesTotal caps those bytes across all streams: 32 MiB,
+	// about 25,000 watch-lists idle after their replay; past it members
+	// are inflated at once.
+	maxHeldGzipBytesTotal = 32 << 20
 )
 
 // gzipInspector shows a streamInspector the inflated bytes of a
 // gzip-encoded watch stream, as kube-apiserver sends a watch-list to a
 // client that accepts gzip: one complete gzip member per flush (a header,
 // deflate data closed by a final block, a trailer), so members are
-// independent and no inflating state needs to outlive one.
+// independent and no inflating state needs to outlive one. It inflates a
+// copy; the stream itself is never changed or held back.
 //
-// It inflates a copy of what passes; the stream itself is never changed or
-// held back. Members that lie within one read are inflated in place
+// What the sink needs from a stream is its first frame (the version was
+// valid, or a first ERROR 410 says it is stale) and whether an ERROR event
+// went by. kube-apiserver's ERROR events are terminal: it sends one and
+// closes the stream. So the inspector inflates every member until the
+// inspector has seen a frame and the stream is at a member end
+// kube-apiserver's way (gzipMemberEnd) and at a frame start; from then on
+// it defers: of each read it keeps only the last complete member
+// (compressed, in a buffer of its size) and drops it uninflated when more
+// of the stream comes, for a member followed by more data cannot hold the
+// ERROR that ends a watch. When the stream ends (finish) the member held is
+// inflated and shown. kube-apiserver flushes, and so ends members, only
+// between events: the member held starts a frame, as the inspector,
+// which has seen nothing since it started deferring at a frame start,
+// expects. A member is held within bounds: at most
+// maxHeldGzipBytes per stream and heldGzipBudget across all streams; past
+// either, it is inflated at once. A watch idle after its replay holds its
+// last member, a bookmark or an event: a few hundred bytes to a few KiB.
+//
+// While deferring, a member's start is only where the member before it
+// seemed to end, and a tenant's object bytes can pass raw through deflate
+// (stored blocks of incompressible data) and so mimic a member end and a
+// member. A member that is skipped is never shown, so a look-alike can only
+// matter in the member shown at the end, and that member is shown only
+// once inflateMember has checked that it inflates as exactly one gzip
+// member (header, CRC-32, size) ending exactly where a member end was
+// recognised. In JSON a look-alike cannot be planted at all: JSON escapes
+// control bytes, so 0x1f, 0x00 and 0x01 never appear raw in the stream's
+// text. In protobuf a look-alike that starts inside an object must end
+// exactly at a real member's end and carry that member's CRC-32 and size,
+// which are computed over bytes around the tenant's that the tenant does
+// not control; a look-alike ending where a read happens to end is
+// dropped when the rest of the real member comes, and a stream that the
+// client or the proxy cut is not inspected at its end (watchBody).
+//
+// Before deferring, members that lie within one read are inflated in place
 // without a copy. A member cut by the end of a read is kept (compressed,
 // in a pooled buffer) from its start, and inflated once it has come whole
-// — its end is recognised by how kube-apiserver's members end
-// (gzipMemberEnd) — so each member is inflated once. Members that end
-// otherwise (another encoder) are inflated as far as they have come, and
-// again from their start when the bytes kept have doubled since the last
-// try (so at most about twice over) or the stream ends. The bytes of a
-// member already shown to the inspector are not shown again. compress/gzip cannot resume once it ran out of input, which
-// is why it inflates again rather than carrying on; in return no inflater
-// is held between reads (they are pooled), and no goroutine runs beside
-// the stream.
+// (its end recognised as gzipMemberEnd), so each member is inflated once.
+// Members that end otherwise (another encoder) are never deferred: they
+// are inflated as far as they have come, and again from their start when
+// the bytes kept have doubled since the last try (so at most about twice
+// over) or the stream ends. The bytes of a member already shown to the
+// inspector are not shown again. compress/gzip cannot resume once it ran
+// out of input, which is why it inflates again rather than carrying on;
+// in return no inflater is held between reads (they are pooled), and no
+// goroutine runs beside the stream.
 //
 // Not safe for concurrent use: the reading goroutine owns it.
 type gzipInspector struct {
 	next *streamInspector
 	off  bool
+	// deferring: only the last member of the stream is inflated.
+	deferring bool
 
 	// pending holds the compressed bytes from the start of a member that
 	// continues in the next read; nil when reads end at member ends.
 	pending *[]byte
 	// shown is how many inflated bytes of pending's first member the
 	// inspector has seen already, from the first tried bytes of pending
-	// (the last try).
+	// (the last try). Unused while deferring.
 	shown int
 	tried int
+	// held is the last complete member while deferring; its capacity is
+	// taken from budget while it is not nil.
+	held   []byte
+	budget *byteBudget
 	// inflated counts the bytes inflated for this stream, including those
 	// inflated again.
 	inflated int64
 }
 
 func newGzipInspector(next *streamInspector) *gzipInspector {
-	return &gzipInspector{next: next}
+	return &gzipInspector{next: next, budget: heldGzipBudget}
 }
+
+// byteBudget is a count of bytes shared by many holders, safe for
+// concurrent use.
+type byteBudget struct {
+	used  atomic.Int64
+	limit int64
+}
+
+// take takes n bytes from the budget, or nothing and false when they are
+// not left.
+func (b *byteBudget) take(n int) bool {
+	if b.used.Add(int64(n)) > b.limit {
+		b.used.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+// give returns n bytes taken.
+func (b *byteBudget) give(n int) { b.used.Add(-int64(n)) }
+
+// heldGzipBudget is the compressed bytes all gzip streams may hold
+// uninspected (maxHeldGzipBytesTotal).
+var heldGzipBudget = &byteBudget{limit: maxHeldGzipBytesTotal}
 
 // gzipReaders and inflatedBuffers are shared by all streams: a stream
 // holds them only while it inflates.
@@ -120,20 +194,29 @@ func (g *gzipInspector) write(p []byte) {
 	if g.off {
 		return
 	}
+	if g.deferring {
+		g.writeDeferred(p)
+		return
+	}
+	gzipInflatedBytes.Add(float64(len(p)))
 	if g.pending == nil {
 		limit := lastMemberEnd(p, 0)
+		recognised := limit > 0
 		if limit == 0 {
 			limit = len(p) // not a member end kube-apiserver's way: inflate what there is
 		}
 		n, shown, ok := g.inflate(p[:limit], 0)
-		if !ok || n == len(p) {
+		if !ok {
 			return
 		}
-		g.keep(p[n:], shown, limit-n)
+		if n < len(p) {
+			g.keep(p[n:], shown, limit-n)
+		}
+		g.deferFrom(recognised && n == limit)
 		return
 	}
 	if len(*g.pending)+len(p) > maxPendingGzipBytes {
-		g.stop()
+		g.stop(stopBound)
 		return
 	}
 	from := len(*g.pending)
@@ -141,19 +224,164 @@ func (g *gzipInspector) write(p []byte) {
 	b := *g.pending
 	if limit := lastMemberEnd(b, from); limit > 0 {
 		g.retry(limit)
+		g.deferFrom(g.tried == 0)
 	} else if len(b) >= 2*g.tried {
 		g.retry(len(b))
 	}
 }
 
-// finish is told that the stream ended: a member still kept is inflated
-// as far as it goes.
+// deferFrom starts deferring when the members inflated so far ended at a
+// member end kube-apiserver's way (atEnd), the bytes kept (if any) start
+// the next member, and the inspector has seen a frame and waits for the
+// next.
+func (g *gzipInspector) deferFrom(atEnd bool) {
+	if atEnd && !g.off && g.shown == 0 && g.tried == 0 && g.next.sawFrame && g.next.atFrameStart() {
+		g.deferring = true
+	}
+}
+
+// writeDeferred drops the member held (more of the stream came), and holds
+// the last member that ends in this read, if any; bytes after it are kept
+// as pending, from that member's end.
+func (g *gzipInspector) writeDeferred(p []byte) {
+	if len(g.held) > 0 {
+		gzipSkippedBytes.Add(float64(len(g.held)))
+		g.held = g.held[:0]
+	}
+	b, from := p, 0
+	if g.pending != nil {
+		if len(*g.pending)+len(p) > maxPendingGzipBytes {
+			g.stop(stopBound)
+			return
+		}
+		// Ends up to the kept bytes' end were judged by earlier reads.
+		from = len(*g.pending)
+		*g.pending = append(*g.pending, p...)
+		b = *g.pending
+	}
+	end := lastMemberEnd(b, from)
+	if end == 0 {
+		if g.pending == nil {
+			g.keep(p, 0, 0)
+		}
+		return
+	}
+	// The last member starts where the one before it ends, or where b
+	// starts: at a member end too.
+	start := lastMemberEnd(b[:end-1], 0)
+	gzipSkippedBytes.Add(float64(start))
+	g.hold(b[start:end])
+	if g.off {
+		return
+	}
+	switch rest := b[end:]; {
+	case len(rest) == 0:
+		g.releasePending()
+	case g.pending != nil:
+		*g.pending = b[:copy(b, rest)]
+	default:
+		g.keep(rest, 0, 0)
+	}
+}
+
+// hold keeps a copy of member m in held, in a buffer of about its size
+// taken from the budget, or inflates it at once when it is larger than
+// maxHeldGzipBytes or the budget is spent.
+func (g *gzipInspector) hold(m []byte) {
+	if c := cap(g.held); c < len(m) || c > 4*len(m) {
+		g.releaseHeld()
+		if len(m) > maxHeldGzipBytes || !g.budget.take(len(m)) {
+			g.inflateMember(m)
+			return
+		}
+		g.held = make([]byte, 0, len(m))
+	}
+	g.held = append(g.held, m...)
+}
+
+// finish is told that the stream ended: the member held, or a member still
+// kept before deferring, is inflated and shown. Bytes kept after the
+// member held (a member the stream cut) are not: their start is not
+// certain and they cannot be checked whole.
 func (g *gzipInspector) finish() {
-	if !g.off && g.pending != nil && len(*g.pending) > g.tried {
-		g.retry(len(*g.pending))
+	if !g.off {
+		switch {
+		case g.deferring && len(g.held) > 0:
+			m := g.held
+			g.held = g.held[:0]
+			g.inflateMember(m)
+		case !g.deferring && g.pending != nil && len(*g.pending) > g.tried:
+			g.retry(len(*g.pending))
+		}
 	}
 	g.release()
 }
+
+// inflateMember shows the inspector the inflated bytes of m only once it
+// has found that m is exactly one valid gzip member: it inflates m and
+// checks its header, CRC-32 and size and that it ends exactly at m's end,
+// then shows what it inflated: kept meanwhile when it is at most
+// maxCollectedBytes (a watch event), inflated again otherwise. A member
+// that is not is not shown, and inspection of the stream ends.
+func (g *gzipInspector) inflateMember(m []byte) {
+	gzipInflatedBytes.Add(float64(len(m)))
+	zr := gzipReaders.Get().(*gzip.Reader)
+	out := inflatedBuffers.Get().(*[]byte)
+	kept := frameBuffers.Get().(*[]byte)
+	collected, collecting := (*kept)[:0], true
+	defer func() {
+		*kept = collected[:0]
+		if cap(collected) <= 1<<20 {
+			frameBuffers.Put(kept)
+		}
+		inflatedBuffers.Put(out)
+		gzipReaders.Put(zr)
+	}()
+	var src bytes.Reader
+	src.Reset(m)
+	err := zr.Reset(&src)
+	member := 0
+	if err == nil {
+		zr.Multistream(false)
+		for err == nil {
+			var k int
+			k, err = zr.Read(*out)
+			member += k
+			g.inflated += int64(k)
+			if member > maxInflationRatio*len(m)+maxInflationSlack || member > maxInflatedBytesPerRead ||
+				g.inflated > MaxInflatedBytesPerStream {
+				err = errInflationBound
+			}
+			if collecting = collecting && member <= maxCollectedBytes; collecting {
+				collected = append(collected, (*out)[:k]...)
+			}
+		}
+	}
+	switch {
+	case errors.Is(err, errInflationBound):
+		g.stop(stopBound)
+		return
+	case !errors.Is(err, io.EOF) || src.Len() != 0:
+		g.stop(stopUnverified)
+		return
+	}
+	if collecting {
+		g.next.write(collected)
+		if g.next.off {
+			g.stop("") // the inspector stopped
+		}
+		return
+	}
+	if n, _, ok := g.inflate(m, 0); ok && n != len(m) {
+		g.stop(stopUnverified)
+	}
+}
+
+// maxCollectedBytes caps the inflated bytes of a member kept to be shown
+// once checked; a larger member is inflated again to be shown.
+const maxCollectedBytes = 1 << 20
+
+var errInflationBound = errors.New("inflation bound reached")
 
 // retry inflates the kept bytes up to limit again from their start, and
 // keeps the rest.
@@ -164,7 +392,7 @@ func (g *gzipInspector) retry(limit int) {
 		return
 	}
 	if n == len(b) {
-		g.release()
+		g.releasePending()
 		return
 	}
 	if n > 0 {
@@ -180,7 +408,7 @@ func (g *gzipInspector) retry(limit int) {
 // to the inspector.
 func (g *gzipInspector) keep(rest []byte, shown, tried int) {
 	if len(rest) > maxPendingGzipBytes {
-		g.stop()
+		g.stop(stopBound)
 		return
 	}
 	g.pending = frameBuffers.Get().(*[]byte)
@@ -214,7 +442,7 @@ func (g *gzipInspector) inflate(b []byte, skip int) (n, shown int, ok bool) {
 				g.inflated += int64(k)
 				if member > maxInflationRatio*(len(b)-n)+maxInflationSlack ||
 					thisRead > maxInflatedBytesPerRead || g.inflated > MaxInflatedBytesPerStream {
-					g.stop()
+					g.stop(stopBound)
 					return 0, 0, false
 				}
 				if show := (*out)[:k]; member > skip {
@@ -223,7 +451,7 @@ func (g *gzipInspector) inflate(b []byte, skip int) (n, shown int, ok bool) {
 					}
 					g.next.write(show)
 					if g.next.off {
-						g.stop()
+						g.stop("") // the inspector stopped
 						return 0, 0, false
 					}
 				}
@@ -236,22 +464,46 @@ func (g *gzipInspector) inflate(b []byte, skip int) (n, shown int, ok bool) {
 		case errors.Is(err, io.ErrUnexpectedEOF):
 			return n, max(member, skip), true // the member goes on in the next read
 		default:
-			g.stop() // not gzip, or corrupt: inspect no further
+			g.stop(stopCorrupt) // not gzip, or corrupt: inspect no further
 			return 0, 0, false
 		}
 	}
 	return n, 0, true
 }
 
-// stop ends inspection of this stream.
-func (g *gzipInspector) stop() {
+// Why inspection of a gzip stream stopped (watchgate_proxy_gzip_inspections_stopped_total).
+const (
+	stopBound      = "bound"      // an inflation or holding bound
+	stopCorrupt    = "corrupt"    // not gzip, or a corrupt member
+	stopUnverified = "unverified" // a member held was not exactly one valid member
+)
+
+// stop ends inspection of this stream; reason, when not empty, is counted.
+func (g *gzipInspector) stop(reason string) {
+	if reason != "" {
+		gzipInspectionsStopped.WithLabelValues(reason).Inc()
+	}
 	g.off = true
 	g.release()
 	g.next.stop()
 }
 
-// release returns the kept bytes' buffer to the pool.
+// release returns the bytes kept and held. Bytes not inflated by then
+// count as skipped.
 func (g *gzipInspector) release() {
+	skipped := len(g.held)
+	if g.deferring && g.pending != nil {
+		skipped += len(*g.pending)
+	}
+	if skipped > 0 {
+		gzipSkippedBytes.Add(float64(skipped))
+	}
+	g.releasePending()
+	g.releaseHeld()
+}
+
+// releasePending returns the kept bytes' buffer to the pool.
+func (g *gzipInspector) releasePending() {
 	if g.pending != nil {
 		*g.pending = (*g.pending)[:0]
 		if cap(*g.pending) <= 1<<20 {
@@ -260,4 +512,12 @@ func (g *gzipInspector) release() {
 		g.pending = nil
 	}
 	g.shown, g.tried = 0, 0
+}
+
+// releaseHeld drops the held buffer and returns its bytes to the budget.
+func (g *gzipInspector) releaseHeld() {
+	if g.held != nil {
+		g.budget.give(cap(g.held))
+		g.held = nil
+	}
 }

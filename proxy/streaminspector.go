@@ -60,6 +60,7 @@ type streamInspector struct {
 	serializer runtime.Serializer
 	sink       eventSink
 	off        bool
+	sawFrame   bool // a whole frame went by
 
 	frameLen int     // bytes of the current frame seen so far
 	buf      *[]byte // the current frame's earlier chunks; nil when it lies in one chunk
@@ -127,6 +128,15 @@ func (s *streamInspector) keep(part []byte) {
 	*s.buf = append(*s.buf, part...)
 }
 
+// atFrameStart reports whether the bytes seen so far end at the end of a
+// frame (or between JSON values), so that the next byte starts a frame.
+func (s *streamInspector) atFrameStart() bool {
+	if s.framing == jsonFraming {
+		return !s.inFrame
+	}
+	return s.nHeader == 0
+}
+
 // grow counts n more bytes of the current frame and stops inspection when
 // the frame is over the limit.
 func (s *streamInspector) grow(n int) bool {
@@ -146,6 +156,7 @@ func (s *streamInspector) frameEnded(last []byte) {
 		frame = *s.buf
 	}
 	s.frameLen = 0
+	s.sawFrame = true
 	s.event(frame)
 	if !s.off {
 		s.release()

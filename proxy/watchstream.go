@@ -70,7 +70,7 @@ func (ws *watchState) stop() {
 // clientGone reports whether the watch ended because of the client or the
 // proxy rather than the API server.
 func (ws *watchState) clientGone() bool {
-	return ws.stopped.Load() || ws.clientCtx.Err() != nil
+	return ws.stopped.Load() || ws.clientCtx != nil && ws.clientCtx.Err() != nil
 }
 
 // upstreamAnswered is what the forwarder's ModifyResponse does for a
@@ -315,7 +315,13 @@ func (b *watchBody) observe(p []byte, err error) (int, error) {
 		}
 	}
 	if err != nil && b.inflate != nil {
-		b.inflate.finish()
+		if b.ws.clientGone() {
+			// Cut by the client or the proxy, perhaps at a moment the
+			// client chose: what the gzip inspector holds is not read.
+			b.inflate.release()
+		} else {
+			b.inflate.finish()
+		}
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		if b.ws.stopped.Load() {
