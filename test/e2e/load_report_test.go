@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/watchgate/watchgate/test/apiserver"
@@ -29,10 +31,32 @@ func kubectlApply(ctx context.Context, e *apiserver.Env, manifest string) error 
 	return nil
 }
 
-// replaceBetweenMarkers writes text between the load markers of file.
-func replaceBetweenMarkers(file, text string) error {
-	return replaceBetween(file, "<!-- load:begin -->", "<!-- load:end -->", text)
+// writeLoadBlock writes text as file's block for a run at n watches,
+// between <!-- load-n:begin --> and <!-- load-n:end -->, so that runs at
+// different counts keep their own blocks. A count without a block gets one
+// after the last load block.
+func writeLoadBlock(file string, n int, text string) error {
+	begin, end := fmt.Sprintf("<!-- load-%d:begin -->", n), fmt.Sprintf("<!-- load-%d:end -->", n)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	if s := string(data); !strings.Contains(s, begin) {
+		last := loadBlockEnd.FindAllStringIndex(s, -1)
+		if last == nil {
+			return fmt.Errorf("%s has no load block to add %s after", file, begin)
+		}
+		at := last[len(last)-1][1]
+		s = s[:at] + "\n\n" + begin + "\n" + end + s[at:]
+		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
+			return err
+		}
+	}
+	return replaceBetween(file, begin, end, text)
 }
+
+// loadBlockEnd matches the end marker of any load block.
+var loadBlockEnd = regexp.MustCompile(`<!-- load-[0-9]+:end -->`)
 
 // replaceBetween writes text between the markers begin and end of file.
 func replaceBetween(file, begin, end, text string) error {
@@ -76,4 +100,29 @@ func envDuration(name string, def time.Duration) time.Duration {
 		return v
 	}
 	return def
+}
+
+func TestWriteLoadBlock(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "B.md")
+	before := "# B\n\n<!-- load-10000:begin -->\nold 10k\n<!-- load-10000:end -->\n\n## next\n"
+	if err := os.WriteFile(file, []byte(before), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLoadBlock(file, 50000, "new 50k\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLoadBlock(file, 10000, "new 10k\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLoadBlock(file, 50000, "newer 50k\n"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(file)
+	want := "# B\n\n<!-- load-10000:begin -->\nnew 10k\n<!-- load-10000:end -->\n\n<!-- load-50000:begin -->\nnewer 50k\n<!-- load-50000:end -->\n\n## next\n"
+	if string(got) != want {
+		t.Errorf("file:\n%s\nwant:\n%s", got, want)
+	}
+	if err := writeLoadBlock(filepath.Join(t.TempDir(), "none.md"), 1, "x"); err == nil {
+		t.Error("a missing file was written")
+	}
 }

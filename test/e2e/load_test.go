@@ -42,7 +42,8 @@ import (
 //     on the way up.
 //
 // It prints the tables and, with LOAD_WRITE=path, replaces the part of that
-// file between <!-- load:begin --> and <!-- load:end -->. Speed is
+// file between <!-- load-N:begin --> and <!-- load-N:end -->, N the count
+// of watches (a new block after the last when there is none). Speed is
 // reported, never asserted.
 func TestLoad(t *testing.T) {
 	n := envInt("LOAD_WATCHES", 10000)
@@ -144,7 +145,7 @@ func TestLoad(t *testing.T) {
 	b.WriteString(h.table())
 	fmt.Println(b.String())
 	if out := os.Getenv("LOAD_WRITE"); out != "" {
-		if err := replaceBetweenMarkers(out, b.String()); err != nil {
+		if err := writeLoadBlock(out, n, b.String()); err != nil {
 			t.Error(err)
 		}
 	}
