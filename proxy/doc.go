@@ -40,8 +40,9 @@
 //	                    refilled at --watch-opens-per-identity-per-second), else 429 WatchOpenRate
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
 //	                    admitted watch's 200 headers are sent at once (watchheaders.go), its
-//	                    stream relayed after them (watchcopy.go): an idle watch waits in a
-//	                    4 KiB read, a pooled 32 KiB copy buffer only while bytes flow
+//	                    stream relayed after them (watchcopy.go): an idle watch waits for
+//	                    one byte holding no buffer, a pooled 32 KiB copy buffer only while
+//	                    bytes flow
 //
 // The filters hand what they learn to the next in one requestState in the
 // request's context (context.go): the caller, the budget identity, the
