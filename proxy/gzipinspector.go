@@ -167,13 +167,17 @@ var gzipMagic = []byte{0x1f, 0x8b}
 // kube-apiserver's members end (gzipMemberEnd, 8 bytes, then the end of b
 // or the next member's magic) ends, looking only at ends after from; 0 when
 // none. Compressed data may hold the same bytes by chance: the inflater
-// then finds the member incomplete, and nothing is lost but the try.
+// then finds the member incomplete, and nothing is lost but the try. Only
+// the bytes that can hold such an end are searched, so a member that
+// arrives in many reads costs one pass over its bytes, not one per read.
 func lastMemberEnd(b []byte, from int) int {
+	lo := max(0, from-len(gzipMemberEnd)-8+1)
 	for hi := len(b); ; {
-		i := bytes.LastIndex(b[:hi], gzipMemberEnd)
+		i := bytes.LastIndex(b[lo:hi], gzipMemberEnd)
 		if i < 0 {
 			return 0
 		}
+		i += lo
 		end := i + len(gzipMemberEnd) + 8
 		if end <= from {
 			return 0

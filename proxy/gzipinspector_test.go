@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -638,4 +639,49 @@ func randomBytes(n int, seed uint32) []byte {
 		b[i] = byte(x >> 7)
 	}
 	return b
+}
+
+// TestLastMemberEndSearchesOnlyWhereAnEndCanBe checks lastMemberEnd, which
+// searches only the bytes that can hold an end after from, against a search
+// of all of b, over random streams thick with member ends and magics.
+func TestLastMemberEndSearchesOnlyWhereAnEndCanBe(t *testing.T) {
+	whole := func(b []byte, from int) int {
+		for hi := len(b); ; {
+			i := bytes.LastIndex(b[:hi], gzipMemberEnd)
+			if i < 0 {
+				return 0
+			}
+			end := i + len(gzipMemberEnd) + 8
+			if end <= from {
+				return 0
+			}
+			switch {
+			case end == len(b),
+				end+1 == len(b) && b[end] == gzipMagic[0],
+				end+1 < len(b) && b[end] == gzipMagic[0] && b[end+1] == gzipMagic[1]:
+				return end
+			}
+			hi = i + len(gzipMemberEnd) - 1
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	pieces := [][]byte{gzipMemberEnd, gzipMagic, {0x00}, {0xff}, {0x1f}, {0x8b}, {0x01, 0x00}}
+	found := 0
+	for range 20000 {
+		var b []byte
+		for len(b) < 1+rng.IntN(80) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		from := rng.IntN(len(b) + 1)
+		want := whole(b, from)
+		if got := lastMemberEnd(b, from); got != want {
+			t.Fatalf("lastMemberEnd(% x, %d) = %d, a search of all of it says %d", b, from, got, want)
+		}
+		if want > 0 {
+			found++
+		}
+	}
+	if found < 1000 {
+		t.Errorf("only %d of the streams held a member end after from; the check proves little", found)
+	}
 }
