@@ -113,9 +113,12 @@ func TestLoad(t *testing.T) {
 	// so that the first path measured does not pay alone for the API
 	// server's first opening of them.
 	{
-		f := startFleet(t, client, e.Config.Host, n, shape)
+		f := startFleet(t, client, strings.TrimRight(e.Config.Host, "/"), n, shape)
 		o := f.open(t, n)
-		t.Logf("warm-up, straight to the API server: opened %d of %d in %v", o.opened, n, o.took)
+		t.Logf("warm-up, straight to the API server: opened %d of %d in %v (refused %v)", o.opened, n, o.took, o.refused)
+		if o.opened == 0 {
+			t.Fatalf("the warm-up opened no watch straight to the API server at %s", e.Config.Host)
+		}
 		f.close(t, o.opened)
 		f.stop()
 	}
