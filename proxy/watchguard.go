@@ -18,7 +18,7 @@ const (
 	// an idle watch holds about 18 KiB of Go heap and 14 KiB of goroutine
 	// stacks in the proxy (make load, HTTP/2 on both hops), and the guard
 	// counted 34 KiB per watch over the process's base when 30,000 watches
-	// opened at once reached its mark in a 1 GiB replica at 21,497 (the
+	// opened at once reached its mark in a 1 GiB replica at 20,962–21,497 (the
 	// garbage of the opening included). 42 KiB puts the cap below the
 	// guard's mark at 512Mi, 1Gi and 2Gi limits, so that a full replica
 	// answers 429 MaxWatches rather than 503.
