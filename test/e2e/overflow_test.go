@@ -69,8 +69,7 @@ func TestMadeUpStaleSelectorsDoNotBackOffOtherWatches(t *testing.T) {
 // within shortWatchSeconds: the API server ends them after
 // timeoutSeconds=1). The failures are one event: the identity's next
 // watches wait the budget's initial delay, not a delay doubled once per
-// failed watch up to its max (before, 136 failures of watches opened
-// together took the shared overflow key to the max).
+// failed watch up to its max.
 func TestWatchesOpenedTogetherThatFailTogetherBackOffOnce(t *testing.T) {
 	const watches, initial = 200, 30 * time.Second
 	ns := uniqueName("wave")
