@@ -9,6 +9,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -121,8 +122,13 @@ func TestSuggestedLimitsFromObservedTraffic(t *testing.T) {
 
 	// A wider share takes in one loud identity: 60 opens a minute, in the
 	// bucket [60, 63], times 1.5.
-	wb.Spec.Suggestion.Share = ptr.To[int32](95)
-	if err := admin.Update(ctx, wb); err != nil {
+	// The replicas write the budget's status meanwhile: update the latest.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		wb := getBudget(t, name)
+		wb.Spec.Suggestion.Share = ptr.To[int32](95)
+		return admin.Update(ctx, wb)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	want = v1alpha1.SuggestedLimits{Summary: "95/min b3 w2", WatchOpensPerMinute: 95, WatchBurst: 3, MaxConcurrentWatches: 2, WouldRefuse: 2, Identities: 22}
