@@ -98,8 +98,8 @@ func newMemorySampler(read MemoryReader) *memorySampler {
 // has passed the high-water mark: that figure counts garbage the collector
 // has not yet freed — it runs on its own only as the total nears
 // GOMEMLIMIT — and a replica full of idle watches makes garbage as they
-// close and reopen. Refused on garbage, a replica would hold a quarter
-// fewer watches than its memory allows (`make load`). The caller that
+// close and reopen, so refusals on garbage would turn away watches its
+// memory could hold. The caller that
 // triggered it is refused all the same (Retry-After 5 s); nobody waits for
 // the collection.
 func (m *memorySampler) reclaim(now time.Time) {

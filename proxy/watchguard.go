@@ -19,9 +19,11 @@ const (
 	// stacks in the proxy (make load, HTTP/2 on both hops), and the guard
 	// counted 34 KiB per watch over the process's base when 30,000 watches
 	// opened at once reached its mark in a 1 GiB replica at 20,962–21,497 (the
-	// garbage of the opening included). 42 KiB puts the cap below the
-	// guard's mark at 512Mi, 1Gi and 2Gi limits, so that a full replica
-	// answers 429 MaxWatches rather than 503.
+	// garbage of the opening included). 42 KiB puts the cap below that
+	// mark at 512Mi, 1Gi and 2Gi limits, so that a full replica answers
+	// 429 MaxWatches rather than 503; watches opened all at once leave
+	// more garbage and can meet the mark first (a 2Gi replica asked for
+	// 50,000 admitted about 36,000).
 	watchMemoryBytes = 42 << 10
 	// baseMemoryBytes is what MaxWatchesFor sets aside for the process
 	// without watches: the manager, its informers, the engine, the caches.
