@@ -69,10 +69,16 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			if lead, ok = a.coalescer.coalesce(r.Context(), k, caller, a.followerWait); !ok {
 				return // the client left
 			}
-			if lead != nil {
-				defer lead.handOver()
-			}
 		}
+		// An admitted watch ends after its relay (serveWatch), which may
+		// run after this filter has returned: serveWatch hands its leader
+		// over then; every other path here, on return.
+		watchServed := false
+		defer func() {
+			if lead != nil && !watchServed {
+				lead.handOver()
+			}
+		}()
 		start := a.clock.Now()
 		d := a.decide(w, r, c, id, start)
 		switch {
@@ -108,11 +114,13 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 					return
 				}
 			}
+			var release func()
 			if a.guard != nil {
-				defer a.guard.release(caller)
+				release = func() { a.guard.release(caller) }
 				a.warnGuardOwed(w, caller)
 			}
-			a.serveWatch(w, r, c, &d, start, lead, next)
+			watchServed = true
+			a.serveWatch(w, r, c, &d, start, lead, release, next)
 		default:
 			next.ServeHTTP(w, r)
 		}
@@ -216,31 +224,61 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 	}
 }
 
-// serveWatch forwards an admitted watch and reports its end to the engine,
-// also when the proxy panics out of the stream (http.ErrAbortHandler).
-// lead, when not nil, is the version this watch asks about as its followers' leader.
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, lead *leader, next http.Handler) {
+// serveWatch forwards an admitted watch, relays its stream and ends it:
+// the engine hears of its end, its place in the watch guard goes back
+// (release, when not nil) and its followers, when it leads (lead), are
+// handed over, also when the proxy panics out of the stream
+// (http.ErrAbortHandler). Under withRelayAtTop the relay and the end run
+// there, after the filters have returned; otherwise here.
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, lead *leader, release func(), next http.Handler) {
 	st, r := stateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: *d, started: start,
 		clientCtx: r.Context(), cancel: cancel, verdict: lead, quietWindow: a.quietWindow, coalescer: a.coalescer,
 	}
-	defer ws.end()
+	added := false
+	end := func() {
+		if added {
+			activeWatches.Dec()
+			a.watches.remove(ws)
+		}
+		ws.end()
+		cancel()
+		if release != nil {
+			release()
+		}
+		if lead != nil {
+			lead.handOver()
+		}
+	}
+	relayed := false
+	defer func() {
+		if !relayed {
+			end()
+		}
+	}()
 	if !a.watches.add(ws) {
 		writeStatus(w, r, serviceUnavailable(shuttingDownMessage, 1))
 		return
 	}
-	defer a.watches.remove(ws)
+	added = true
 	activeWatches.Inc()
-	defer activeWatches.Dec()
 	upstreamWatchOpens.Inc()
 	st.watch = ws
 	next.ServeHTTP(watchHeaders{w}, r.WithContext(ctx))
-	if ws.body != nil {
-		ws.relay(w, r)
+	if ws.body == nil {
+		return
 	}
+	if st.relayAtTop {
+		relayed = true
+		st.relay = func() {
+			defer end()
+			ws.relay(w, r)
+		}
+		return
+	}
+	ws.relay(w, r)
 }
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are

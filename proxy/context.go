@@ -22,6 +22,12 @@ type requestState struct {
 	identity       user.Info // whose budget the request spends, when impersonating; nil: the caller
 	classification *classification
 	watch          *watchState // an admitted watch; nil for every other request
+	// relayAtTop is set by withRelayAtTop, the chain's first filter: an
+	// admitted watch then leaves its stream's relay, and the end of the
+	// watch, in relay for that filter to run once every filter below it
+	// has returned.
+	relayAtTop bool
+	relay      func()
 }
 
 type requestStateKey struct{}

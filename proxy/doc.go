@@ -5,8 +5,9 @@
 // A request goes through a chain of filters, each shaped
 // func(deps…, next http.Handler) http.Handler and built once by NewServer:
 //
-//	withGrownStack      grows the handler goroutine's stack to 8 KiB once, while it is shallow
-//	                    (stack.go), instead of copying it deep inside the filters
+//	withRelayAtTop      grows the handler goroutine's stack to 8 KiB once, while it is shallow
+//	                    (stack.go); relays an admitted watch's stream once the filters below
+//	                    have returned, so that an idle watch waits on a 4 KiB stack (relayattop.go)
 //	withAuthentication  bearer token, read as kube-apiserver reads it (headers.go; 400 where the two
 //	                    could differ) → service-account JWTs verified locally against the API
 //	                    server's published keys (serviceaccount_tokens.go) and their service

@@ -62,7 +62,9 @@ func BenchmarkIdleWatches(b *testing.B) {
 	for _, via := range []struct {
 		name    string
 		handler http.Handler
-	}{{"direct", nil}, {"bare", bare}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upCfg).Config.Handler}} {
+		// serve, when set, serves HTTP/2 as the proxy's Server does.
+		serve func(*http.Server, http.Handler) error
+	}{{"direct", nil, nil}, {"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upCfg).Config.Handler, serveHTTP2}} {
 		b.Run(via.name, func(b *testing.B) {
 			srv := upstream
 			if via.handler != nil {
@@ -70,6 +72,11 @@ func BenchmarkIdleWatches(b *testing.B) {
 				srv.EnableHTTP2 = true
 				srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
 				srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+				if via.serve != nil {
+					if err := via.serve(srv.Config, via.handler); err != nil {
+						b.Fatal(err)
+					}
+				}
 				srv.StartTLS()
 				b.Cleanup(srv.Close)
 			}

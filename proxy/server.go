@@ -154,14 +154,15 @@ func NewServer(opts Options) (*Server, error) {
 // chain builds the filter chain, once: authenticate, answer the top
 // endpoint's paths (top) or classify, find the budget identity (only for
 // what a budget decides), admit (the budget, then the replica's watch
-// guard), forward; the handler's stack is grown first (withGrownStack).
+// guard), forward; an admitted watch's stream is relayed from the top
+// (withRelayAtTop).
 func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledLogger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
 	h = withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
 	h = withTop(top, h)
 	h = withAuthentication(tokens, policy, logs, h)
-	return withGrownStack(h)
+	return withRelayAtTop(h)
 }
 
 // NeedLeaderElection is false: every replica serves.
@@ -222,6 +223,9 @@ func (s *Server) Start(ctx context.Context) error {
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetHTTP2(true)
+	if err := serveHTTP2(srv, s.handler); err != nil {
+		return fmt.Errorf("proxy HTTP/2: %w", err)
+	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
