@@ -19,6 +19,7 @@ const handlerStackReserve = 4 << 10
 // pending version (at 2 KiB), of the ~50 µs watchgate spent before
 // forwarding. One growth at the top costs under 1 µs. An idle watch's
 // stack shrinks back to 4 KiB at a garbage collection (withRelayAtTop).
+//
 //go:noinline
 func growStack() {
 	var reserve [handlerStackReserve]byte
