@@ -113,8 +113,11 @@ func (h heldReplica) table() string {
 	fmt.Fprintf(&b, "| held %v, %d (1%%) closed and reopened each second: reopened / refused | %d / %s |\n", h.hold, max(1, h.asked/100), h.reopened, refusalText(h.churnRefused))
 	fmt.Fprintf(&b, "| at rest before the churn: watches, RSS, Go heap in use (after a GC), goroutines, upstream connections | %d, %d MiB, %d MiB, %d, %d |\n",
 		h.restWatches, h.rest.rss>>20, h.rest.heapInuse>>20, h.rest.goroutines, h.rest.upstream)
-	fmt.Fprintf(&b, "| at rest before the churn, per watch: RSS, Go heap in use | %.1f KiB, %.1f KiB |\n",
-		(float64(h.rest.rss)-float64(h.base.rss))/per/1024, (float64(h.rest.heapInuse)-float64(h.base.heapInuse))/per/1024)
+	fmt.Fprintf(&b, "| at rest before the churn, per watch: RSS, Go heap in use, goroutine stacks in use | %.1f KiB, %.1f KiB, %.1f KiB |\n",
+		(float64(h.rest.rss)-float64(h.base.rss))/per/1024, (float64(h.rest.heapInuse)-float64(h.base.heapInuse))/per/1024,
+		(float64(h.rest.stackInuse)-float64(h.base.stackInuse))/per/1024)
+	fmt.Fprintf(&b, "| memory the watch guard counted at its last sample (watchgate_proxy_memory_in_use_bytes), per watch held | %d MiB, %.1f KiB |\n",
+		h.rest.guarded>>20, float64(h.rest.guarded)/per/1024)
 	fmt.Fprintf(&b, "| at the end: watches (ended by the server), RSS, Go heap in use (after a GC), goroutines | %d (%d), %d MiB, %d MiB, %d |\n",
 		h.watches, h.ended, h.held.rss>>20, h.held.heapInuse>>20, h.held.goroutines)
 	fmt.Fprintf(&b, "| peak RSS (limit %d MiB) | %d MiB |\n", h.limit>>20, h.peakRSS>>20)

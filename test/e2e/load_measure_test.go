@@ -105,6 +105,9 @@ func sideBySide(runs [3]loadRun, n int) string {
 		{"Go heap in use per watch", func(r loadRun) float64 {
 			return (float64(r.rest.heapInuse) - float64(r.base.heapInuse)) / perWatch(r)
 		}, kib, true},
+		{"goroutine stacks in use per watch", func(r loadRun) float64 {
+			return (float64(r.rest.stackInuse) - float64(r.base.stackInuse)) / perWatch(r)
+		}, kib, true},
 		{"goroutines", func(r loadRun) float64 { return float64(r.rest.goroutines) }, count, true},
 		{"CPU at rest (cores)", func(r loadRun) float64 { return r.restCPU }, func(v float64) string { return fmt.Sprintf("%.3f", v) }, false},
 		{"events delivered", func(r loadRun) float64 { return float64(len(r.latencies)) }, count, false},

@@ -38,7 +38,10 @@ type process struct {
 
 // sample is what a process says of itself at one moment.
 type sample struct {
-	rss, heapInuse uint64
+	rss, heapInuse, stackInuse uint64
+	// guarded is watchgate_proxy_memory_in_use_bytes: the memory the watch
+	// guard counted at its last sample (watchgate only).
+	guarded uint64
 	goroutines     int
 	// upstream is watchgate_proxy_upstream_connections for watchgate, the
 	// count of its TCP connections to the API server for the bare proxy.
@@ -135,8 +138,8 @@ func (p *process) stop() {
 	}
 }
 
-// sample reads RSS from /proc, and goroutines, heap in use and upstream
-// connections from the process.
+// sample reads RSS from /proc, and goroutines, heap and stacks in use and
+// upstream connections from the process.
 func (p *process) sample() sample { return p.sampleAfter(false) }
 
 // sampleAfter is sample, after a garbage collection in the process when gc
@@ -163,9 +166,10 @@ func (p *process) sampleAfter(gc bool) sample {
 	body, _ := io.ReadAll(resp.Body)
 	if p.bare {
 		f := strings.Fields(string(body))
-		if len(f) == 2 {
+		if len(f) == 3 {
 			s.goroutines, _ = strconv.Atoi(f[0])
 			s.heapInuse, _ = strconv.ParseUint(f[1], 10, 64)
+			s.stackInuse, _ = strconv.ParseUint(f[2], 10, 64)
 		}
 		s.upstream = p.socketsTo(p.apiPort)
 		return s
@@ -181,6 +185,10 @@ func (p *process) sampleAfter(gc bool) sample {
 			s.goroutines = int(v)
 		case "go_memstats_heap_inuse_bytes":
 			s.heapInuse = uint64(v)
+		case "go_memstats_stack_inuse_bytes":
+			s.stackInuse = uint64(v)
+		case "watchgate_proxy_memory_in_use_bytes":
+			s.guarded = uint64(v)
 		case "watchgate_proxy_upstream_connections":
 			s.upstream = int(v)
 		}

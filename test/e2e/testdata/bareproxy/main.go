@@ -27,7 +27,7 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "HTTPS address to serve on")
-	stats := flag.String("stats", "127.0.0.1:0", "plain HTTP address serving its goroutines and Go heap in use (bytes), one a line; after a garbage collection with ?gc=1")
+	stats := flag.String("stats", "127.0.0.1:0", "plain HTTP address serving its goroutines, Go heap in use and goroutine stacks in use (bytes), one a line; after a garbage collection with ?gc=1")
 	upstream := flag.String("upstream", "", "API server URL")
 	caFile := flag.String("ca-file", "", "API server CA (PEM)")
 	flag.Parse()
@@ -61,7 +61,7 @@ func main() {
 			}
 			var m runtime.MemStats
 			runtime.ReadMemStats(&m)
-			fmt.Fprintf(w, "%d\n%d\n", runtime.NumGoroutine(), m.HeapInuse)
+			fmt.Fprintf(w, "%d\n%d\n%d\n", runtime.NumGoroutine(), m.HeapInuse, m.StackInuse)
 		})))
 	}()
 	ln, err := net.Listen("tcp", *listen)
