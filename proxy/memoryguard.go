@@ -30,20 +30,34 @@ const (
 // stay within, in bytes; limit 0 or math.MaxUint64 means none.
 type MemoryReader func() (inUse, limit uint64)
 
-// RuntimeMemory is the default MemoryReader: the Go runtime's own view —
-// every byte the runtime has mapped (/memory/classes/total:bytes) except
-// heap memory returned to the OS (/memory/classes/heap/released:bytes) and
-// free heap spans it keeps for reuse (/memory/classes/heap/free:bytes),
-// which the scavenger gives back as GOMEMLIMIT nears, against
-// /gc/gomemlimit:bytes (GOMEMLIMIT or debug.SetMemoryLimit; math.MaxInt64
-// when unset). Counting the free spans refused watches while a replica's
-// watches churned with RSS at half its limit (`make load`). It
-// costs about a microsecond; the guard calls it at most every 250ms.
+// RuntimeMemory is the default MemoryReader: the memory the Go runtime
+// holds that its collector cannot free, against /gc/gomemlimit:bytes
+// (GOMEMLIMIT or debug.SetMemoryLimit; math.MaxInt64 when unset).
+//
+// That is every byte the runtime has mapped (/memory/classes/total:bytes)
+// except heap memory returned to the OS (heap/released), free heap spans
+// it keeps for reuse (heap/free), and heap objects beyond those the last
+// collection found live (heap/objects − /gc/heap/live:bytes): the garbage
+// of watches that opened and closed, and whatever was allocated since. So
+// goroutine stacks, the runtime's metadata and the heap's fragmentation
+// count as they are now, and the heap as the last collection left it.
+//
+// Under GOMEMLIMIT the collector runs as the process nears the limit, as
+// often as it must, and frees the garbage: counting garbage would refuse
+// watches whenever the collector has not yet run (above half the limit,
+// the collector lets garbage grow until the limit; `make load` saw a 1Gi
+// replica refuse from 22,300 watches while live memory was 600 MiB of its
+// 921). What was allocated since the last collection counts at the next
+// one, which comes before the limit: watches opened at once can pass the
+// mark by what one collection cycle admits, within the limit. It costs
+// about a microsecond; the guard calls it at most every 250ms.
 func RuntimeMemory() (inUse, limit uint64) {
-	s := [4]metrics.Sample{
+	s := [6]metrics.Sample{
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/memory/classes/heap/released:bytes"},
 		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/gc/heap/live:bytes"},
 		{Name: "/gc/gomemlimit:bytes"},
 	}
 	metrics.Read(s[:])
@@ -52,11 +66,16 @@ func RuntimeMemory() (inUse, limit uint64) {
 			return 0, 0 // unknown to this runtime: no memory check
 		}
 	}
-	total, released, free, lim := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64(), s[3].Value.Uint64()
+	total, released, free := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
+	objects, live, lim := s[3].Value.Uint64(), s[4].Value.Uint64(), s[5].Value.Uint64()
 	if lim >= math.MaxInt64 {
 		lim = 0
 	}
-	return total - min(released+free, total), lim
+	collectable := released + free
+	if objects > live {
+		collectable += objects - live
+	}
+	return total - min(collectable, total), lim
 }
 
 // memorySample is one reading and when it was taken.
@@ -95,13 +114,10 @@ func newMemorySampler(read MemoryReader) *memorySampler {
 // reclaim has the runtime collect garbage in the background, unless it
 // did less than collectEvery before now or is collecting now, and then
 // has the next sample taken at once. The guard calls it when memory in use
-// has passed the high-water mark: that figure counts garbage the collector
-// has not yet freed — it runs on its own only as the total nears
-// GOMEMLIMIT — and a replica full of idle watches makes garbage as they
-// close and reopen, so refusals on garbage would turn away watches its
-// memory could hold. The caller that
-// triggered it is refused all the same (Retry-After 5 s); nobody waits for
-// the collection.
+// has passed the high-water mark: RuntimeMemory counts the heap as the
+// last collection left it, which may be stale by the watches that closed
+// since. The caller that triggered it is refused all the same (Retry-After
+// 5 s); nobody waits for the collection.
 func (m *memorySampler) reclaim(now time.Time) {
 	if last := m.collectedAt.Load(); last != 0 && now.Sub(time.Unix(0, last)) < m.collectEvery {
 		return
@@ -144,7 +160,7 @@ func (s *memorySample) above(fraction float64) bool {
 var (
 	memoryInUseBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "watchgate_proxy_memory_in_use_bytes",
-		Help: "Memory the Go runtime uses, as the watch guard last sampled it (mapped, minus released to the OS and free heap spans).",
+		Help: "Memory the Go runtime holds that its collector cannot free (the heap live at the last collection, stacks, metadata), as the watch guard last sampled it.",
 	})
 
 	memoryLimitBytes = prometheus.NewGauge(prometheus.GaugeOpts{

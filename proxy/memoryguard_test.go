@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"math"
+	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -70,6 +72,39 @@ func TestRuntimeMemory(t *testing.T) {
 	if limit == math.MaxInt64 {
 		t.Errorf("limit %d: an unset limit must read as 0", limit)
 	}
+}
+
+// RuntimeMemory counts what the last collection left live and not the
+// garbage made since: a replica whose watches churn is not refused for
+// memory the collector frees as the limit nears.
+func TestRuntimeMemoryCountsLiveMemoryNotGarbage(t *testing.T) {
+	// No collection while the garbage is made, as between two collections
+	// under GOMEMLIMIT.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	runtime.GC()
+	before, _ := RuntimeMemory()
+	var sink []byte
+	for range 256 {
+		sink = make([]byte, 256<<10) // 64 MiB in all, each dropped at once
+		sink[0] = 1
+	}
+	garbage, _ := RuntimeMemory()
+	if garbage > before+16*mib {
+		t.Errorf("64 MiB of garbage: in use %d MiB → %d MiB, want it uncounted", before/mib, garbage/mib)
+	}
+	kept := make([][]byte, 0, 256)
+	for range 256 {
+		b := make([]byte, 256<<10)
+		b[0] = 1
+		kept = append(kept, b)
+	}
+	runtime.GC()
+	live, _ := RuntimeMemory()
+	if live < before+56*mib {
+		t.Errorf("64 MiB kept live through a collection: in use %d MiB → %d MiB, want it counted", before/mib, live/mib)
+	}
+	runtime.KeepAlive(kept)
+	runtime.KeepAlive(sink)
 }
 
 // Above the high-water mark the guard has garbage collected, in the
