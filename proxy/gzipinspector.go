@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"sync"
-	"sync/atomic"
 )
 
 // Bounds of the inspection of a gzip-encoded watch stream. Inflating costs
@@ -40,6 +39,10 @@ const (
 	// about 25,000 watch-lists idle after their replay; past it members
 	// are inflated at once.
 	maxHeldGzipBytesTotal = 32 << 20
+	// maxHeldGzipBytesPerCaller is one caller's share of those: an
+	// eighth, so that one caller's watch-lists cannot spend what the
+	// others' would hold and leave their members to be inflated at once.
+	maxHeldGzipBytesPerCaller = maxHeldGzipBytesTotal / 8
 )
 
 // gzipInspector shows a streamInspector the inflated bytes of a
@@ -63,7 +66,8 @@ const (
 // between events: the member held starts a frame, as the inspector,
 // which has seen nothing since it started deferring at a frame start,
 // expects. A member is held within bounds: at most
-// maxHeldGzipBytes per stream and heldGzipBudget across all streams; past
+// maxHeldGzipBytes per stream and heldGzipBudget across all streams, an
+// eighth of it per caller; past
 // either, it is inflated at once. A watch idle after its replay holds its
 // last member, a bookmark or an event: a few hundred bytes to a few KiB.
 //
@@ -114,39 +118,22 @@ type gzipInspector struct {
 	// held is the last complete member while deferring; its capacity is
 	// taken from budget while it is not nil.
 	held   []byte
-	budget *byteBudget
+	budget *sharedBytes
+	// caller is whose share of budget held is taken from.
+	caller string
 	// inflated counts the bytes inflated for this stream, including those
 	// inflated again.
 	inflated int64
 }
 
-func newGzipInspector(next *streamInspector) *gzipInspector {
-	return &gzipInspector{next: next, budget: heldGzipBudget}
+func newGzipInspector(next *streamInspector, caller string) *gzipInspector {
+	return &gzipInspector{next: next, budget: heldGzipBudget, caller: caller}
 }
-
-// byteBudget is a count of bytes shared by many holders, safe for
-// concurrent use.
-type byteBudget struct {
-	used  atomic.Int64
-	limit int64
-}
-
-// take takes n bytes from the budget, or nothing and false when they are
-// not left.
-func (b *byteBudget) take(n int) bool {
-	if b.used.Add(int64(n)) > b.limit {
-		b.used.Add(-int64(n))
-		return false
-	}
-	return true
-}
-
-// give returns n bytes taken.
-func (b *byteBudget) give(n int) { b.used.Add(-int64(n)) }
 
 // heldGzipBudget is the compressed bytes all gzip streams may hold
-// uninspected (maxHeldGzipBytesTotal).
-var heldGzipBudget = &byteBudget{limit: maxHeldGzipBytesTotal}
+// uninspected (maxHeldGzipBytesTotal), a share of it per caller
+// (maxHeldGzipBytesPerCaller).
+var heldGzipBudget = newSharedBytes(maxHeldGzipBytesTotal, maxHeldGzipBytesPerCaller)
 
 // gzipReaders and inflatedBuffers are shared by all streams: a stream
 // holds them only while it inflates.
@@ -294,7 +281,7 @@ func (g *gzipInspector) writeDeferred(p []byte) {
 func (g *gzipInspector) hold(m []byte) {
 	if c := cap(g.held); c < len(m) || c > 4*len(m) {
 		g.releaseHeld()
-		if len(m) > maxHeldGzipBytes || !g.budget.take(len(m)) {
+		if len(m) > maxHeldGzipBytes || !g.budget.take(g.caller, len(m)) {
 			g.inflateMember(m)
 			return
 		}
@@ -521,7 +508,7 @@ func (g *gzipInspector) releasePending() {
 // releaseHeld drops the held buffer and returns its bytes to the budget.
 func (g *gzipInspector) releaseHeld() {
 	if g.held != nil {
-		g.budget.give(cap(g.held))
+		g.budget.give(g.caller, cap(g.held))
 		g.held = nil
 	}
 }

@@ -57,7 +57,7 @@ func inspectGzip(t testing.TB, contentType string, data []byte, chunks []int) (*
 		t.Fatalf("no gzip framing for %s", contentType)
 	}
 	sink := &recordingSink{}
-	g := newGzipInspector(newStreamInspector(f, s, sink))
+	g := newGzipInspector(newStreamInspector(f, s, sink), "alice")
 	for i := 0; len(data) > 0; i++ {
 		n := len(data)
 		if len(chunks) > 0 {
@@ -307,8 +307,8 @@ func newTestGzipInspector(t testing.TB, contentType string, budget int64) (*gzip
 		t.Fatalf("no framing for %s", contentType)
 	}
 	sink := &recordingSink{}
-	g := newGzipInspector(newStreamInspector(f, s, sink))
-	g.budget = &byteBudget{limit: budget}
+	g := newGzipInspector(newStreamInspector(f, s, sink), "alice")
+	g.budget = newSharedBytes(budget, budget)
 	return g, sink
 }
 
@@ -379,8 +379,8 @@ func TestGzipInspectorInflatesOnlyTheFirstAndLastMembers(t *testing.T) {
 				if g.inflated > maxInflated {
 					t.Errorf("inflated %d bytes; want at most %d (the first member and the last)", g.inflated, maxInflated)
 				}
-				if g.held != nil || g.pending != nil || g.budget.used.Load() != 0 {
-					t.Errorf("held %d, pending %v, budget used %d after the end", len(g.held), g.pending != nil, g.budget.used.Load())
+				if g.held != nil || g.pending != nil || g.budget.inUse() != 0 {
+					t.Errorf("held %d, pending %v, budget used %d after the end", len(g.held), g.pending != nil, g.budget.inUse())
 				}
 			})
 		}
@@ -469,7 +469,7 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 				log: discardLogs(), clientCtx: ctx, cancel: cancel}
 			src := &chunkedReader{reads: slices.Clone(reads), end: tc.end, last: tc.last}
 			b := newWatchBody(ws, io.NopCloser(src), jsonWatchType, "gzip")
-			budget := &byteBudget{limit: 1 << 20}
+			budget := newSharedBytes(1<<20, 1<<20)
 			b.inflate.budget = budget
 			buf := make([]byte, 32<<10)
 			for i := range len(reads) + 2 {
@@ -488,8 +488,8 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 				t.Errorf("ERROR event seen %v, want %v", got, tc.wantError)
 			}
 			_ = b.Close()
-			if b.inflate.held != nil || budget.used.Load() != 0 {
-				t.Errorf("%d bytes still held, budget used %d", len(b.inflate.held), budget.used.Load())
+			if b.inflate.held != nil || budget.inUse() != 0 {
+				t.Errorf("%d bytes still held, budget used %d", len(b.inflate.held), budget.inUse())
 			}
 		})
 	}
@@ -502,7 +502,7 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(&chunkedReader{reads: append(slices.Clone(reads), nil)}), jsonWatchType, "gzip")
-	budget := &byteBudget{limit: 1 << 20}
+	budget := newSharedBytes(1<<20, 1<<20)
 	b.inflate.budget = budget
 	buf := make([]byte, 32<<10)
 	for range reads {
@@ -510,16 +510,16 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(b.inflate.held) != len(reads[2]) || budget.used.Load() != int64(cap(b.inflate.held)) {
+	if len(b.inflate.held) != len(reads[2]) || budget.inUse() != int64(cap(b.inflate.held)) {
 		t.Fatalf("%d bytes held, budget used %d; want the last member, %d bytes, held and counted",
-			len(b.inflate.held), budget.used.Load(), len(reads[2]))
+			len(b.inflate.held), budget.inUse(), len(reads[2]))
 	}
 	if cap(b.inflate.held) > 4*len(reads[2]) {
 		t.Errorf("a %d-byte member held in a buffer of %d", len(reads[2]), cap(b.inflate.held))
 	}
 	_ = b.Close()
-	if b.inflate.held != nil || budget.used.Load() != 0 {
-		t.Errorf("after Close: %d bytes held, budget used %d", len(b.inflate.held), budget.used.Load())
+	if b.inflate.held != nil || budget.inUse() != 0 {
+		t.Errorf("after Close: %d bytes held, budget used %d", len(b.inflate.held), budget.inUse())
 	}
 }
 
@@ -548,8 +548,8 @@ func TestGzipInspectorInflatesAtOncePastItsHoldingBounds(t *testing.T) {
 				if i > 0 && i < len(reads)-1 && g.inflated == before {
 					t.Errorf("member %d not inflated at once", i)
 				}
-				if (tc.budget == 0 || i == 1) && len(g.held) > 0 || g.budget.used.Load() > tc.budget {
-					t.Errorf("member %d: %d bytes held, budget used %d", i, len(g.held), g.budget.used.Load())
+				if (tc.budget == 0 || i == 1) && len(g.held) > 0 || g.budget.inUse() > tc.budget {
+					t.Errorf("member %d: %d bytes held, budget used %d", i, len(g.held), g.budget.inUse())
 				}
 			}
 			g.finish()

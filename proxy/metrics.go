@@ -73,7 +73,7 @@ var (
 	gzipHeldBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "watchgate_proxy_gzip_held_bytes",
 		Help: "Compressed bytes held across gzip-encoded watch streams: each stream's last member, inflated only if the stream ends there.",
-	}, func() float64 { return float64(heldGzipBudget.used.Load()) })
+	}, func() float64 { return float64(heldGzipBudget.inUse()) })
 
 	logsSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "watchgate_proxy_logs_suppressed_total",

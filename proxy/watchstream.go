@@ -267,7 +267,7 @@ func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEn
 	if f, s, gzipped, ok := streamFramingFor(contentType, contentEncoding); ok {
 		b.inspect = newStreamInspector(f, s, ws)
 		if gzipped {
-			b.inflate = newGzipInspector(b.inspect)
+			b.inflate = newGzipInspector(b.inspect, callerName(ws.clientCtx))
 		}
 	}
 	return b
