@@ -267,7 +267,11 @@ func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEn
 	if f, s, gzipped, ok := streamFramingFor(contentType, contentEncoding); ok {
 		b.inspect = newStreamInspector(f, s, ws)
 		if gzipped {
-			b.inflate = newGzipInspector(b.inspect, callerName(ws.clientCtx))
+			caller := ""
+			if ws.clientCtx != nil {
+				caller = callerName(ws.clientCtx)
+			}
+			b.inflate = newGzipInspector(b.inspect, caller)
 		}
 	}
 	return b
