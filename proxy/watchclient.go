@@ -190,7 +190,7 @@ func (c *watchClient) connect(ctx context.Context, addr string) (*watchConn, err
 	conn := tls.Client(raw, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
-		return nil, fmt.Errorf("upstream TLS handshake: %w", err)
+		return nil, fmt.Errorf("watchgate: TLS handshake with the API server at %s, offering HTTP/2 only (h2, which watches need): %w", addr, err)
 	}
 	state := conn.ConnectionState()
 	if state.NegotiatedProtocol != "h2" {
