@@ -164,6 +164,14 @@ func (c *watchClient) dialConn(d *watchDial, addr string) {
 		case <-wait.C:
 		}
 		wait.Stop()
+		// A connection that failed before its SETTINGS fails the
+		// requests waiting for it, rather than send them dialing again.
+		cc.mu.Lock()
+		err = cc.err
+		cc.mu.Unlock()
+		if err != nil {
+			cc = nil
+		}
 	}
 	c.mu.Lock()
 	delete(c.dials, addr)

@@ -302,6 +302,26 @@ func TestWatchClientInformationalAndTrailers(t *testing.T) {
 	_ = resp.Body.Close()
 }
 
+// A connection that fails before its SETTINGS come fails the requests
+// waiting for it, rather than send them dialing again and again.
+func TestWatchClientConnectionFailingBeforeSettings(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	s := newScriptedH2(t, func(c *scriptedConn) { _ = c.conn.Close() })
+	wc := s.client(t)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if _, err := s.get(t, wc, "/"); err == nil || !strings.Contains(err.Error(), "HTTP/2") {
+				t.Errorf("got %v, want the connection's failure", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := s.accepted.Load(); n > 4 {
+		t.Errorf("%d connections accepted for 4 requests, want at most one each", n)
+	}
+}
+
 // An upstream that breaks the protocol gets a clear error, never a panic,
 // a hang or a leak.
 func TestWatchClientHostileUpstream(t *testing.T) {
