@@ -45,12 +45,14 @@ const (
 // requests (exec, attach, port-forward over SPDY or WebSocket) go over
 // HTTP/1.1, everything else over HTTP/2 when the API server offers it.
 //
-// Watches from every caller share the HTTP/2 connections (upstreamPool).
-// When all of a connection's streams are taken (the API server's
-// --http2-max-streams-per-connection), the next request opens another
-// connection rather than wait for a stream to end (a watch may not end for
-// an hour): StrictMaxConcurrentRequests is false; the requests that come
-// meanwhile wait for that one dial. conns counts the connections open.
+// Requests from every caller share the HTTP/2 connections (upstreamPool),
+// and admitted watches theirs (watchClient, watchgate's own HTTP/2 client,
+// through the same dialer and TLS). When all of a connection's streams
+// are taken (the API server's --http2-max-streams-per-connection), the
+// next request opens another connection rather than wait for a stream to
+// end (a watch may not end for an hour): StrictMaxConcurrentRequests is
+// false; the requests that come meanwhile wait for that one dial. conns
+// counts the connections open, both pools'.
 func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http.RoundTripper, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
