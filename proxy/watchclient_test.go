@@ -387,11 +387,12 @@ func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 	}
 }
 
-// A watch that finds no free stream waits for the one dial in progress; a
-// dial that fails fails the requests waiting for it, clearly.
+// An API server that does not negotiate HTTP/2 fails the watch clearly.
 func TestWatchClientRequiresHTTP2(t *testing.T) {
 	checkNoGoroutineLeak(t)
-	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	up.StartTLS() // HTTP/1.1 only
 	t.Cleanup(up.Close)
 	wc, conns := watchClientFor(t, up)
 	_, err := wc.RoundTrip(watchRequest(t, context.Background(), up, "/"))
