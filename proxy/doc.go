@@ -40,7 +40,8 @@
 //	                    (watchopenrate.go: a bucket per caller, --watch-open-burst-per-identity
 //	                    refilled at --watch-opens-per-identity-per-second), else 429 WatchOpenRate
 //	reverse proxy       httputil.ReverseProxy{Rewrite}, flushed per write, upgrades pass; an
-//	                    admitted watch's 200 headers are sent at once (watchheaders.go), its
+//	                    admitted watch goes upstream over watchgate's own HTTP/2 client
+//	                    (watchclient.go), its 200 headers are sent at once (watchheaders.go), its
 //	                    stream relayed after them (watchcopy.go): an idle watch waits for
 //	                    one byte holding no buffer, a pooled 32 KiB copy buffer only while
 //	                    bytes flow
@@ -86,6 +87,21 @@
 // however many requests wait for it (upstreampool.go), and sizes its
 // flow-control windows so that slow clients' unread streams cannot stall
 // a connection; Server.UpstreamConnections counts the connections.
+//
+// Admitted watches, which live for up to an hour and mostly idle, go over
+// watchgate's own minimal HTTP/2 client (watchclient.go: the pool, with
+// upstreampool.go's rules; watchconn.go: a connection, its one read
+// loop and its writes; watchconnstream.go: a watch's stream and body),
+// because what net/http's client keeps per stream (a goroutine, ~10 KiB
+// of heap) is most of what an idle watch costs the proxy on the upstream
+// side. A watch there is a small struct: no goroutine, no timer, no buffer
+// while idle; its relaying handler waits on a channel in the stream's
+// Read. The connection's flow-control credit goes back as DATA arrives,
+// the stream's as the relay reads it, so a slow client buffers at most
+// its stream's window and stalls nobody else. Everything else (requests
+// that are not admitted watches, upgrades, lists, and every request to
+// an API server reached through an HTTP proxy or over plain HTTP) goes
+// over net/http.
 //
 // Concurrent watches from one explicit resourceVersion ask the API server
 // once: request coalescing with hand-over (coalescing.go). The first watch

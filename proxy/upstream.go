@@ -45,12 +45,14 @@ const (
 // requests (exec, attach, port-forward over SPDY or WebSocket) go over
 // HTTP/1.1, everything else over HTTP/2 when the API server offers it.
 //
-// Watches from every caller share the HTTP/2 connections (upstreamPool).
-// When all of a connection's streams are taken (the API server's
-// --http2-max-streams-per-connection), the next request opens another
-// connection rather than wait for a stream to end (a watch may not end for
-// an hour): StrictMaxConcurrentRequests is false; the requests that come
-// meanwhile wait for that one dial. conns counts the connections open.
+// Requests from every caller share the HTTP/2 connections (upstreamPool),
+// and admitted watches theirs (watchClient, watchgate's own HTTP/2 client,
+// through the same dialer and TLS). When all of a connection's streams
+// are taken (the API server's --http2-max-streams-per-connection), the
+// next request opens another connection rather than wait for a stream to
+// end (a watch may not end for an hour): StrictMaxConcurrentRequests is
+// false; the requests that come meanwhile wait for that one dial. conns
+// counts the connections open, both pools'.
 func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http.RoundTripper, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
@@ -70,9 +72,10 @@ func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http
 	if cfg.Proxy != nil {
 		proxyFunc = cfg.Proxy
 	}
+	dial := conns.dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second})
 	h2 := &http.Transport{
 		Proxy:                 proxyFunc,
-		DialContext:           conns.dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+		DialContext:           dial,
 		TLSClientConfig:       tlsConfig,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ResponseHeaderTimeout: 0, // watches and long lists answer when they answer
@@ -95,7 +98,18 @@ func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http
 	if h1.TLSClientConfig != nil {
 		h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
 	}
-	return target, upgradeAwareTransport{normal: newUpstreamPool(h2), upgrade: h1}, nil
+	t := upgradeAwareTransport{normal: newUpstreamPool(h2), upgrade: h1}
+	// Admitted watches go over watchgate's own HTTP/2 client (watchClient),
+	// which speaks HTTP/2 over TLS directly to the API server: not to an
+	// API server reached through an HTTP proxy (cfg.Proxy, or
+	// HTTPS_PROXY from the environment), nor over plain HTTP. Their
+	// watches stay on net/http.
+	if target.Scheme == "https" {
+		if u, err := proxyFunc(&http.Request{URL: target}); err == nil && u == nil {
+			t.watches = newWatchClient(dial, tlsConfig, h2.IdleConnTimeout)
+		}
+	}
+	return target, t, nil
 }
 
 // connectionCount counts the proxy's open TCP connections to the API
@@ -141,14 +155,20 @@ var upstreamConnections = prometheus.NewGauge(prometheus.GaugeOpts{
 func init() { metrics.Registry.MustRegister(upstreamConnections) }
 
 // upgradeAwareTransport sends upgrade requests over HTTP/1.1, the only
-// protocol where Upgrade exists.
+// protocol where Upgrade exists, admitted watches over watchgate's own
+// HTTP/2 client (watches; nil when it cannot reach the API server) and
+// everything else over net/http's HTTP/2 (normal).
 type upgradeAwareTransport struct {
 	normal, upgrade http.RoundTripper
+	watches         *watchClient
 }
 
-// CloseIdleConnections closes both transports' connections that carry
+// CloseIdleConnections closes the transports' connections that carry
 // no request.
 func (t upgradeAwareTransport) CloseIdleConnections() {
+	if t.watches != nil {
+		t.watches.CloseIdleConnections()
+	}
 	for _, rt := range []http.RoundTripper{t.normal, t.upgrade} {
 		if c, ok := rt.(interface{ CloseIdleConnections() }); ok {
 			c.CloseIdleConnections()
@@ -159,6 +179,10 @@ func (t upgradeAwareTransport) CloseIdleConnections() {
 func (t upgradeAwareTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
 		return t.upgrade.RoundTrip(r)
+	}
+	if t.watches != nil && r.URL.Scheme == "https" && r.Method == http.MethodGet && (r.Body == nil || r.Body == http.NoBody) &&
+		admittedWatchFrom(r.Context()) != nil {
+		return t.watches.RoundTrip(r)
 	}
 	return t.normal.RoundTrip(r)
 }

@@ -122,7 +122,9 @@ func BenchmarkWatchBodyRead(b *testing.B) {
 // BenchmarkWatchThroughProxy serves a 3,000-event JSON watch from an
 // httptest upstream through a bare httputil.ReverseProxy (the floor) and
 // through watchgate's whole chain (an engine that allows everything), and
-// reports events/s as the client reads them.
+// reports events/s as the client reads them. watchgate-h2 is watchgate in
+// front of an upstream speaking HTTP/2 over TLS, as kube-apiserver does:
+// the watch goes over watchgate's own HTTP/2 client (watchclient.go).
 //
 //	go test -run '^$' -bench BenchmarkWatchThroughProxy -benchmem ./proxy/
 func BenchmarkWatchThroughProxy(b *testing.B) {
@@ -136,13 +138,21 @@ func BenchmarkWatchThroughProxy(b *testing.B) {
 		}
 	}))
 	b.Cleanup(upstream.Close)
+	upstreamH2 := httptest.NewUnstartedServer(upstream.Config.Handler)
+	upstreamH2.EnableHTTP2 = true
+	upstreamH2.StartTLS()
+	b.Cleanup(upstreamH2.Close)
 	target, _ := url.Parse(upstream.URL)
 	bare := httptest.NewServer(bareReverseProxy(target))
 	b.Cleanup(bare.Close)
 	for _, via := range []struct {
 		name string
 		url  string
-	}{{"bare", bare.URL}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL}} {
+	}{
+		{"bare", bare.URL},
+		{"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL},
+		{"watchgate-h2", newTestProxyTo(b, &fakeEngine{}, trusting(upstreamH2)).URL},
+	} {
 		b.Run(via.name, func(b *testing.B) {
 			client := &http.Client{}
 			b.SetBytes(int64(len(stream)))

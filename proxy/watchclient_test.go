@@ -1,0 +1,405 @@
+package proxy
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// watchClientFor returns the watch client upstreamTransport builds for
+// the HTTPS upstream up, and the count of connections it dials.
+func watchClientFor(t *testing.T, up *httptest.Server) (*watchClient, *connectionCount) {
+	t.Helper()
+	conns := &connectionCount{}
+	_, transport, err := upstreamTransport(trusting(up), conns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc := transport.(upgradeAwareTransport).watches
+	if wc == nil {
+		t.Fatal("no watch client for an HTTPS upstream")
+	}
+	t.Cleanup(wc.CloseIdleConnections)
+	return wc, conns
+}
+
+// h2Upstream is an HTTPS upstream speaking HTTP/2 with h, allowing
+// streams per connection (0: Go's default); accepted counts its
+// connections.
+func h2Upstream(t *testing.T, streams int, h http.HandlerFunc) (up *httptest.Server, accepted *atomic.Int64) {
+	t.Helper()
+	up = httptest.NewUnstartedServer(h)
+	up.EnableHTTP2 = true
+	up.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: streams}
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	accepted = &atomic.Int64{}
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepted.Add(1)
+		}
+	}
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	return up, accepted
+}
+
+func watchRequest(t *testing.T, ctx context.Context, up *httptest.Server, path string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+// checkNoGoroutineLeak fails the test when, after it and its cleanups,
+// more goroutines run than before it.
+func checkNoGoroutineLeak(t *testing.T) {
+	t.Helper()
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		for range 200 {
+			if runtime.NumGoroutine() <= before {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		buf := make([]byte, 1<<20)
+		t.Errorf("%d goroutines after the test, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+	})
+}
+
+// The request's header fields reach the API server as Go's HTTP/2
+// transport sends them (hop-by-hop fields dropped, TE only as trailers,
+// Accept-Encoding as the caller sent it), and the response comes back as
+// a net/http response: canonical header, HTTP/2.0, TLS, unknown length,
+// a gzip-encoded body passed undecoded, io.EOF after END_STREAM.
+func TestWatchClientHeadersAndBody(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	_, _ = zw.Write([]byte(`{"type":"ADDED","object":{}}` + "\n"))
+	_ = zw.Close()
+	got := make(chan http.Header, 1)
+	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Clone()
+		h.Set("X-Method", r.Method)
+		h.Set("X-Host", r.Host)
+		h.Set("X-URI", r.RequestURI)
+		got <- h
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header()["x-lower"] = []string{"a", "b"}
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush() // no Content-Length
+		_, _ = w.Write(zipped.Bytes())
+	})
+	wc, _ := watchClientFor(t, up)
+	req := watchRequest(t, context.Background(), up, "/api/v1/configmaps?watch=true&resourceVersion=7")
+	req.Header.Set("Accept-Encoding", "gzip")
+	req.Header.Set("Authorization", "Bearer alice")
+	req.Header["Impersonate-Extra-Scopes"] = []string{"one", "two"}
+	req.Header.Set("Connection", "keep-alive")
+	req.Header.Set("Keep-Alive", "timeout=5")
+	req.Header.Set("Proxy-Connection", "keep-alive")
+	req.Header.Set("Transfer-Encoding", "chunked")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Te", "trailers")
+	req.Header.Set("User-Agent", "")
+	resp, err := wc.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := <-got
+	for k, want := range map[string]string{
+		"X-Method": "GET", "X-Host": strings.TrimPrefix(up.URL, "https://"),
+		"X-Uri":                    "/api/v1/configmaps?watch=true&resourceVersion=7",
+		"Accept-Encoding":          "gzip",
+		"Authorization":            "Bearer alice",
+		"Impersonate-Extra-Scopes": "one,two",
+		"Te":                       "trailers",
+	} {
+		if g := strings.Join(h.Values(k), ","); g != want {
+			t.Errorf("the upstream got %s %q, want %q", k, g, want)
+		}
+	}
+	for _, k := range []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "User-Agent"} {
+		if v, ok := h[k]; ok {
+			t.Errorf("the upstream got %s %q, want none", k, v)
+		}
+	}
+	if resp.StatusCode != http.StatusOK || resp.Status != "200 OK" || resp.Proto != "HTTP/2.0" || resp.ProtoMajor != 2 ||
+		resp.TLS == nil || resp.ContentLength != -1 || resp.Request != req {
+		t.Errorf("response %d %q %s TLS %v length %d request %p, want 200 OK over HTTP/2.0 and TLS, length -1, request %p",
+			resp.StatusCode, resp.Status, resp.Proto, resp.TLS != nil, resp.ContentLength, resp.Request, req)
+	}
+	if g := strings.Join(resp.Header.Values("X-Lower"), ","); g != "a,b" || resp.Header.Get("Content-Encoding") != "gzip" {
+		t.Errorf("response header %v, want X-Lower a,b and Content-Encoding gzip", resp.Header)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !bytes.Equal(body, zipped.Bytes()) {
+		t.Errorf("body %q, %v; want the gzip bytes as sent, then io.EOF", body, err)
+	}
+	_ = resp.Body.Close()
+
+	// A user agent the caller did not set is Go's, as net/http sends it.
+	req = watchRequest(t, context.Background(), up, "/")
+	resp, err = wc.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if ua := (<-got).Get("User-Agent"); ua != "Go-http-client/2.0" {
+		t.Errorf("User-Agent %q", ua)
+	}
+}
+
+// A stream the API server resets fails its read with an error, not
+// io.EOF; a connection the API server closes fails every stream on it.
+func TestWatchClientStreamAndConnectionFailures(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("event\n"))
+		w.(http.Flusher).Flush()
+		if r.URL.Path == "/reset" {
+			panic(http.ErrAbortHandler) // RST_STREAM
+		}
+		<-r.Context().Done()
+	})
+	wc, conns := watchClientFor(t, up)
+	open := func(path string) io.ReadCloser {
+		t.Helper()
+		resp, err := wc.RoundTrip(watchRequest(t, context.Background(), up, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Body
+	}
+	readUntilError := func(body io.Reader) ([]byte, error) {
+		var got []byte
+		buf := make([]byte, 64)
+		for {
+			n, err := body.Read(buf)
+			got = append(got, buf[:n]...)
+			if err != nil {
+				return got, err
+			}
+		}
+	}
+
+	reset := open("/reset")
+	got, err := readUntilError(reset)
+	if err == nil || errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "stream error") {
+		t.Errorf("a reset stream read %q, then %v; want the reset", got, err)
+	}
+	_ = reset.Close()
+
+	bodies := []io.ReadCloser{open("/a"), open("/b"), open("/c")}
+	if n := conns.open.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+	for _, b := range bodies {
+		buf := make([]byte, 6)
+		if _, err := io.ReadFull(b, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up.CloseClientConnections()
+	for i, b := range bodies {
+		if _, err := readUntilError(b); err == nil || errors.Is(err, io.EOF) {
+			t.Errorf("watch %d on a closed connection ended with %v, want an error", i, err)
+		}
+		_ = b.Close()
+	}
+	// The next watch goes over a new connection.
+	b := open("/d")
+	_ = b.Close()
+}
+
+// The request context's end resets the stream, which the API server's
+// handler sees, and fails the read with the context's error; Close resets
+// a stream the API server has not ended and frees it.
+func TestWatchClientCancelAndClose(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	ended := make(chan string, 4)
+	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		ended <- r.URL.Path
+	})
+	wc, _ := watchClientFor(t, up)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := wc.RoundTrip(watchRequest(t, ctx, up, "/cancelled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readErr := make(chan error, 1)
+	go func() { _, err := resp.Body.Read(make([]byte, 1)); readErr <- err }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	if err := <-readErr; !errors.Is(err, context.Canceled) {
+		t.Errorf("the read of a cancelled watch ended with %v, want %v", err, context.Canceled)
+	}
+	waitForEnd(t, ended, "/cancelled")
+	_ = resp.Body.Close()
+
+	resp, err = wc.RoundTrip(watchRequest(t, context.Background(), up, "/closed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := resp.Body.(*watchConnStream)
+	_ = resp.Body.Close()
+	waitForEnd(t, ended, "/closed")
+	if _, err := resp.Body.Read(make([]byte, 1)); err == nil {
+		t.Error("a read after Close succeeded")
+	}
+	s.cc.mu.Lock()
+	streams, used := len(s.cc.streams), s.cc.used
+	s.cc.mu.Unlock()
+	if streams != 0 || used != 0 {
+		t.Errorf("after Close the connection holds %d streams, %d used; want none", streams, used)
+	}
+
+	// A context that ended before the request: the request fails with it.
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	if _, err := wc.RoundTrip(watchRequest(t, ctx, up, "/early")); !errors.Is(err, context.Canceled) {
+		t.Errorf("a request with an ended context: %v", err)
+	}
+}
+
+func waitForEnd(t *testing.T, ch <-chan string, want string) {
+	t.Helper()
+	select {
+	case got := <-ch:
+		if got != want {
+			t.Errorf("%s ended, want %s", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the upstream handler of %s did not see its stream end", want)
+	}
+}
+
+// More watches than a connection's stream limit are all answered at once,
+// over more connections dialed one at a time.
+func TestWatchClientHonoursMaxConcurrentStreams(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	const watches, streams = 23, 5
+	up, accepted := h2Upstream(t, streams, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	wc, conns := watchClientFor(t, up)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	bodies := make([]io.Closer, watches)
+	errs := make([]error, watches)
+	for i := range watches {
+		wg.Go(func() {
+			resp, err := wc.RoundTrip(watchRequest(t, ctx, up, fmt.Sprintf("/w%d", i)))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			bodies[i] = resp.Body
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	want := int64((watches + streams - 1) / streams)
+	if got := accepted.Load(); got != want {
+		t.Errorf("%d connections accepted for %d watches of %d per connection, want %d", got, watches, streams, want)
+	}
+	if got := conns.open.Load(); got != want {
+		t.Errorf("%d connections counted, want %d", got, want)
+	}
+	for _, b := range bodies {
+		_ = b.Close()
+	}
+}
+
+// A watch whose client does not read holds at most its stream's window
+// and stalls no other watch on the same connection.
+func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	const size = 3 * upstreamStreamWindowBytes
+	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		for sent := 0; sent < size; sent += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	wc, conns := watchClientFor(t, up)
+	stalled, err := wc.RoundTrip(watchRequest(t, context.Background(), up, "/stalled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Body.Close()
+	for i := range 3 {
+		resp, err := wc.RoundTrip(watchRequest(t, context.Background(), up, fmt.Sprintf("/reader%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		if err != nil || n != size {
+			t.Fatalf("reader %d got %d bytes, %v; want %d", i, n, err, size)
+		}
+		_ = resp.Body.Close()
+	}
+	if n := conns.open.Load(); n != 1 {
+		t.Errorf("%d connections, want all streams on one", n)
+	}
+	s := stalled.Body.(*watchConnStream)
+	s.mu.Lock()
+	buffered := s.buffered
+	s.mu.Unlock()
+	if buffered > upstreamStreamWindowBytes {
+		t.Errorf("the unread stream buffers %d bytes, more than its window %d", buffered, upstreamStreamWindowBytes)
+	}
+	n, err := io.Copy(io.Discard, stalled.Body)
+	if err != nil || n != size {
+		t.Errorf("the stalled watch, read at last, got %d bytes, %v; want %d", n, err, size)
+	}
+}
+
+// An API server that does not negotiate HTTP/2 fails the watch clearly.
+func TestWatchClientRequiresHTTP2(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	up.StartTLS() // HTTP/1.1 only
+	t.Cleanup(up.Close)
+	wc, conns := watchClientFor(t, up)
+	_, err := wc.RoundTrip(watchRequest(t, context.Background(), up, "/"))
+	if err == nil || !strings.Contains(err.Error(), "HTTP/2") {
+		t.Errorf("a watch to an HTTP/1.1 server: %v, want an error naming HTTP/2", err)
+	}
+	if n := conns.open.Load(); n != 0 {
+		t.Errorf("%d connections left open", n)
+	}
+}
