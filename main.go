@@ -162,8 +162,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	o.memoryLimit = proxy.ProcessMemoryLimit()
 	fs.IntVar(&o.maxWatches, "max-watches", proxy.MaxWatchesFor(o.memoryLimit), "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After; 0: no cap. "+
 		"The default is derived from the memory the process runs under (GOMEMLIMIT, else its cgroup's memory limit, else physical memory): "+
-		"(GOMEMLIMIT - 64 MiB) / 42 KiB, or (limit / 2 - 64 MiB) / 42 KiB without GOMEMLIMIT, at least 100; "+
-		"about 21,000 watches per GiB of a container's memory limit with GOMEMLIMIT at 90% of it (the chart's 512Mi: 9,654).")
+		"(GOMEMLIMIT - 64 MiB) / 26 KiB, or (limit / 2 - 64 MiB) / 26 KiB without GOMEMLIMIT, at least 100; "+
+		"about 33,000 watches per GiB of a container's memory limit with GOMEMLIMIT at 90% of it (the chart's 512Mi: 15,596).")
 	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.Float64Var(&o.watchOpensPerIdentity, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
 	fs.IntVar(&o.watchOpenBurst, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")

@@ -190,3 +190,29 @@ func funcLogger(f func(msg string)) logr.Logger {
 func withCaller(ctx context.Context, u user.Info) context.Context {
 	return context.WithValue(ctx, requestStateKey{}, &requestState{caller: u})
 }
+
+// openAtOnce opens n watches at once with open and returns their bodies;
+// any open that fails fails the test.
+func openAtOnce(t *testing.T, n int, open func(i int) (*http.Response, error)) []io.Closer {
+	t.Helper()
+	var wg sync.WaitGroup
+	bodies := make([]io.Closer, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			resp, err := open(i)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			bodies[i] = resp.Body
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	return bodies
+}

@@ -96,11 +96,11 @@ func TestMaxWatchesFor(t *testing.T) {
 		"the chart's default replica (GOMEMLIMIT 460 MiB of 512Mi) gets DefaultMaxWatches": {
 			MemoryLimit{460 << 20, MemoryLimitFromGoMemLimit}, DefaultMaxWatches,
 		},
-		"GOMEMLIMIT 1 GiB: (1024 − 64) MiB ÷ 42 KiB":      {MemoryLimit{1 << 30, MemoryLimitFromGoMemLimit}, 23405},
-		"the chart with a 1Gi limit (GOMEMLIMIT 921 MiB)": {MemoryLimit{921 << 20, MemoryLimitFromGoMemLimit}, 20894},
-		"a 1 GiB cgroup without GOMEMLIMIT counts half":   {MemoryLimit{1 << 30, MemoryLimitFromCgroup}, 10922},
+		"GOMEMLIMIT 1 GiB: (1024 − 64) MiB ÷ 26 KiB":      {MemoryLimit{1 << 30, MemoryLimitFromGoMemLimit}, 37809},
+		"the chart with a 1Gi limit (GOMEMLIMIT 921 MiB)": {MemoryLimit{921 << 20, MemoryLimitFromGoMemLimit}, 33752},
+		"a 1 GiB cgroup without GOMEMLIMIT counts half":   {MemoryLimit{1 << 30, MemoryLimitFromCgroup}, 17644},
 		"a large machine without any limit admits 10,000 and more": {
-			MemoryLimit{16 << 30, MemoryLimitFromPhysical}, 198168,
+			MemoryLimit{16 << 30, MemoryLimitFromPhysical}, 320118,
 		},
 		"a limit under the process's own share: the minimum": {MemoryLimit{32 << 20, MemoryLimitFromGoMemLimit}, minMaxWatches},
 		"a limit just over it: the minimum":                  {MemoryLimit{65 << 20, MemoryLimitFromGoMemLimit}, minMaxWatches},
@@ -112,7 +112,7 @@ func TestMaxWatchesFor(t *testing.T) {
 			}
 		})
 	}
-	if DefaultMaxWatches != 9654 {
-		t.Errorf("DefaultMaxWatches = %d; the chart's docs say 9,654", DefaultMaxWatches)
+	if DefaultMaxWatches != 15596 {
+		t.Errorf("DefaultMaxWatches = %d; the chart's docs say 15,596", DefaultMaxWatches)
 	}
 }

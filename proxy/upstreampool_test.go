@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,25 +42,7 @@ func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	}
 	defer first.Body.Close()
 
-	var wg sync.WaitGroup
-	bodies := make([]io.Closer, watches)
-	errs := make([]error, watches)
-	for i := range watches {
-		wg.Go(func() {
-			resp, err := open(i)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			bodies[i] = resp.Body
-		})
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("watch %d: %v", i, err)
-		}
-	}
+	bodies := openAtOnce(t, watches, open)
 	for _, b := range bodies {
 		defer b.Close()
 	}

@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -309,25 +308,9 @@ func TestWatchClientHonoursMaxConcurrentStreams(t *testing.T) {
 	wc, conns := watchClientFor(t, up)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	bodies := make([]io.Closer, watches)
-	errs := make([]error, watches)
-	for i := range watches {
-		wg.Go(func() {
-			resp, err := wc.RoundTrip(watchRequest(t, ctx, up, fmt.Sprintf("/w%d", i)))
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			bodies[i] = resp.Body
-		})
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("watch %d: %v", i, err)
-		}
-	}
+	bodies := openAtOnce(t, watches, func(i int) (*http.Response, error) {
+		return wc.RoundTrip(watchRequest(t, ctx, up, fmt.Sprintf("/w%d", i)))
+	})
 	want := int64((watches + streams - 1) / streams)
 	if got := accepted.Load(); got != want {
 		t.Errorf("%d connections accepted for %d watches of %d per connection, want %d", got, watches, streams, want)

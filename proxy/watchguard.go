@@ -15,23 +15,22 @@ import (
 
 const (
 	// watchMemoryBytes is the memory MaxWatchesFor gives each open watch:
-	// an idle watch holds about 18 KiB of Go heap and 14 KiB of goroutine
-	// stacks in the proxy (make load, HTTP/2 on both hops), and the guard
-	// counted 34 KiB per watch over the process's base when 30,000 watches
-	// opened at once reached its mark in a 1 GiB replica at 20,962–21,497 (the
-	// garbage of the opening included). 42 KiB puts the cap below that
-	// mark at 512Mi, 1Gi and 2Gi limits, so that a full replica answers
-	// 429 MaxWatches rather than 503; watches opened all at once leave
-	// more garbage and can meet the mark first (a 2Gi replica asked for
-	// 50,000 admitted about 36,000).
-	watchMemoryBytes = 42 << 10
+	// an idle watch holds about 14 KiB of Go heap and 4 KiB of goroutine
+	// stack in the proxy, 20–21 KiB of RSS (make load, HTTP/2 on both
+	// hops), and a 1 GiB replica held 30,000 opened at once, and 1% of
+	// them reopened each second, with no refusal and RSS at most 945 MiB.
+	// 26 KiB leaves room over the memory the guard counts (live memory,
+	// 16–18 KiB a watch) for the heap's growth between collections, and
+	// keeps a full replica under the guard's mark at 512Mi, 1Gi and 2Gi
+	// limits, so that it answers 429 MaxWatches rather than 503.
+	watchMemoryBytes = 26 << 10
 	// baseMemoryBytes is what MaxWatchesFor sets aside for the process
 	// without watches: the manager, its informers, the engine, the caches.
 	baseMemoryBytes = 64 << 20
 	// minMaxWatches is the smallest cap MaxWatchesFor derives.
 	minMaxWatches = 100
 	// DefaultMaxWatches is MaxWatchesFor the chart's default memory
-	// (GOMEMLIMIT 460 MiB, 90% of the 512Mi limit): 9,654; also the cap
+	// (GOMEMLIMIT 460 MiB, 90% of the 512Mi limit): 15,596; also the cap
 	// when the process's memory cannot be read.
 	DefaultMaxWatches = (460<<20 - baseMemoryBytes) / watchMemoryBytes
 	// defaultMaxWatchesPerIdentityDivisor derives the default of
@@ -53,8 +52,8 @@ const (
 // MaxWatchesFor is the default of --max-watches for a process that runs
 // under l (ProcessMemoryLimit):
 //
-//	(GOMEMLIMIT − 64 MiB) ÷ 42 KiB       with GOMEMLIMIT
-//	(limit ÷ 2 − 64 MiB) ÷ 42 KiB        with only a cgroup limit or physical memory
+//	(GOMEMLIMIT − 64 MiB) ÷ 26 KiB       with GOMEMLIMIT
+//	(limit ÷ 2 − 64 MiB) ÷ 26 KiB        with only a cgroup limit or physical memory
 //
 // at least 100, and DefaultMaxWatches when l is unknown. Under GOMEMLIMIT
 // the collector works to keep the heap within it, and the memory guard
@@ -63,7 +62,7 @@ const (
 // MaxWatches rather than 503. Without GOMEMLIMIT the collector lets the
 // heap grow to twice what is live before it collects (GOGC 100), so only
 // half of the limit counts. With the chart's GOMEMLIMIT (90% of
-// resources.limits.memory) that is about 21,000 watches per GiB of limit.
+// resources.limits.memory) that is about 33,000 watches per GiB of limit.
 func MaxWatchesFor(l MemoryLimit) int {
 	budget := l.Bytes
 	switch l.Source {
