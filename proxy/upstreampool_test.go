@@ -5,7 +5,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -62,7 +61,7 @@ func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 func watchUpstream(tb testing.TB, streams uint32) (up *httptest.Server, cfg *rest.Config, accepted *atomic.Int64) {
 	tb.Helper()
 	hold := make(chan struct{})
-	up = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up, accepted = h2Upstream(tb, int(streams), func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
@@ -70,18 +69,7 @@ func watchUpstream(tb testing.TB, streams uint32) (up *httptest.Server, cfg *res
 		case <-hold:
 		case <-r.Context().Done():
 		}
-	}))
-	up.EnableHTTP2 = true
-	up.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(streams)}
-	up.Config.ErrorLog = log.New(io.Discard, "", 0)
-	accepted = &atomic.Int64{}
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			accepted.Add(1)
-		}
-	}
-	up.StartTLS()
-	tb.Cleanup(up.Close)
+	})
 	tb.Cleanup(func() { close(hold) })
 	return up, trusting(up), accepted
 }

@@ -38,7 +38,7 @@ func watchClientFor(t *testing.T, up *httptest.Server) (*watchClient, *connectio
 // h2Upstream is an HTTPS upstream speaking HTTP/2 with h, allowing
 // streams per connection (0: Go's default); accepted counts its
 // connections.
-func h2Upstream(t *testing.T, streams int, h http.HandlerFunc) (up *httptest.Server, accepted *atomic.Int64) {
+func h2Upstream(t testing.TB, streams int, h http.HandlerFunc) (up *httptest.Server, accepted *atomic.Int64) {
 	t.Helper()
 	up = httptest.NewUnstartedServer(h)
 	up.EnableHTTP2 = true
