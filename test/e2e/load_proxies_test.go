@@ -41,8 +41,8 @@ type sample struct {
 	rss, heapInuse, stackInuse uint64
 	// guarded is watchgate_proxy_memory_in_use_bytes: the memory the watch
 	// guard counted at its last sample (watchgate only).
-	guarded uint64
-	goroutines     int
+	guarded    uint64
+	goroutines int
 	// upstream is watchgate_proxy_upstream_connections for watchgate, the
 	// count of its TCP connections to the API server for the bare proxy.
 	upstream int
