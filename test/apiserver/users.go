@@ -5,12 +5,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -50,9 +54,15 @@ func (e *Env) ServiceAccount(ctx context.Context, namespace, name string) (Servi
 	return ServiceAccount{Namespace: namespace, Name: name, Token: tr.Status.Token}, nil
 }
 
-// Grant binds the service account to a new ClusterRole with the given rules.
-// The binding's name is derived from the account, so granting twice updates
-// nothing and is not an error.
+// Groups are the groups the API server authenticates the account in.
+func (sa ServiceAccount) Groups() []string {
+	return []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.Namespace, "system:authenticated"}
+}
+
+// Grant binds the service account to a new ClusterRole with the given rules
+// and returns once the API server's authorizer allows them. The binding's
+// name is derived from the account, so granting twice updates nothing and
+// is not an error.
 func (e *Env) Grant(ctx context.Context, sa ServiceAccount, rules ...rbacv1.PolicyRule) error {
 	name := "watchgate-test:" + sa.Namespace + ":" + sa.Name
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
@@ -67,7 +77,57 @@ func (e *Env) Grant(ctx context.Context, sa ServiceAccount, rules ...rbacv1.Poli
 	if _, err := e.Clientset.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	return e.WaitAllowed(ctx, "", sa.Username(), sa.Groups(), rules...)
+}
+
+// WaitAllowed returns once the API server's authorizer allows user, in
+// groups, every verb rules name on every resource (or non-resource URL) they
+// name, in namespace ("" for every namespace). RBAC's authorizer reads roles
+// and bindings from an informer cache, so a binding takes effect a moment
+// after its create returns; tests wait here instead of racing the cache.
+func (e *Env) WaitAllowed(ctx context.Context, namespace, user string, groups []string, rules ...rbacv1.PolicyRule) error {
+	var specs []authorizationv1.SubjectAccessReviewSpec
+	for _, r := range rules {
+		for _, verb := range r.Verbs {
+			for _, url := range r.NonResourceURLs {
+				specs = append(specs, authorizationv1.SubjectAccessReviewSpec{NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: url, Verb: verb}})
+			}
+			var name string
+			if len(r.ResourceNames) > 0 {
+				name = r.ResourceNames[0]
+			}
+			for _, group := range r.APIGroups {
+				for _, resource := range r.Resources {
+					resource, subresource, _ := strings.Cut(resource, "/")
+					specs = append(specs, authorizationv1.SubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+						Namespace: namespace, Verb: verb, Group: group, Resource: resource, Subresource: subresource, Name: name,
+					}})
+				}
+			}
+		}
+	}
+	for _, spec := range specs {
+		spec.User, spec.Groups = user, groups
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			sar, err := e.Clientset.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+			if err != nil {
+				return false, err
+			}
+			return sar.Status.Allowed, nil
+		})
+		if err != nil {
+			return fmt.Errorf("wait until %s may %s: %w", user, describe(spec), err)
+		}
+	}
 	return nil
+}
+
+func describe(spec authorizationv1.SubjectAccessReviewSpec) string {
+	if a := spec.NonResourceAttributes; a != nil {
+		return a.Verb + " " + a.Path
+	}
+	a := spec.ResourceAttributes
+	return fmt.Sprintf("%s %s.%s/%s %q in namespace %q", a.Verb, a.Resource, a.Group, a.Subresource, a.Name, a.Namespace)
 }
 
 // ConfigFor returns a client config that talks to host (the API server when

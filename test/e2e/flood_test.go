@@ -197,6 +197,9 @@ func TestImpersonationFloodDoesNotChangeHowAnAgentsUsersAreCharged(t *testing.T)
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if err := env.WaitAllowed(context.Background(), ns, bob, nil, readWatch("pods")); err != nil {
+		t.Fatal(err)
+	}
 	bobsBudget := generous("bob-"+ns, 10)
 	bobsBudget.Subjects = []ratelimit.Subject{{Kind: ratelimit.User, Name: bob}}
 	// Allowed checks are remembered for a second only, so that the

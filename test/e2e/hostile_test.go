@@ -168,6 +168,9 @@ func TestLoadHostileTenant(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if err := e.WaitAllowed(ctx, attackNS, "anyone", []string{"system:authenticated"}, readWatch("configmaps")); err != nil {
+		t.Fatal(err)
+	}
 	// Its token bound to a pod, then the pod deleted.
 	pod, err := e.Clientset.CoreV1().Pods(attackNS).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "tenant-0"},

@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +28,10 @@ type loadRun struct {
 	writes, writesFailed, errorEvents int
 	latencies                         []time.Duration
 	// eventCPU is the proxy's CPU per delivered event (seconds), net of
-	// its CPU at rest; eventCPUGross is not.
-	eventCPU, eventCPUGross float64
+	// its CPU at rest; eventCPUGross is not. apiEventCPU is the API
+	// server's CPU per delivered event, gross, and eventBusy the machine's
+	// CPUs busy (of all of them) while the events are delivered.
+	eventCPU, eventCPUGross, apiEventCPU, eventBusy float64
 	// ended is the watches the server ended during the run.
 	ended int
 }
@@ -42,7 +46,10 @@ const (
 // measureLoad opens n watches through p with f all at once, measures p at
 // rest, delivers events at deliveries a second for d, and closes the
 // watches and f.
-func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, n int, objs loadObjects, deliveries int, d time.Duration) loadRun {
+//
+// With profileDir set, it writes the CPU profile of watchgate during the
+// events there as <name>-events.pprof.
+func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, n int, objs loadObjects, deliveries int, d time.Duration, profileDir, name string) loadRun {
 	t.Helper()
 	defer f.stop()
 	var r loadRun
@@ -63,15 +70,28 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	// Each write reaches the watches of its group: opened ÷ groups.
 	f.latencies(t)
 	perWrite := max(1, float64(r.open.opened)/float64(objs.groups))
-	c2, t0 := p.cpu(), time.Now()
+	var profiled chan error
+	if profileDir != "" && !p.bare {
+		profiled = make(chan error, 1)
+		go func() { profiled <- p.cpuProfile(filepath.Join(profileDir, name+"-events.pprof"), d) }()
+	}
+	api := apiServerProcess(t, e)
+	c2, a2, m2, t0 := p.cpu(), api.cpu(), readCPU(nil)["machine"], time.Now()
 	r.writes, r.writesFailed = objs.write(ctx, e.Clientset, float64(deliveries)/perWrite, d)
 	time.Sleep(2 * time.Second) // the last writes' events
-	gross := p.cpu() - c2
+	gross, apiGross := p.cpu()-c2, api.cpu()-a2
+	r.eventBusy = (readCPU(nil)["machine"] - m2).Seconds() / time.Since(t0).Seconds() / float64(runtime.NumCPU())
+	if profiled != nil {
+		if err := <-profiled; err != nil {
+			t.Logf("CPU profile during the events: %v", err)
+		}
+	}
 	net := gross - r.restCPU*time.Since(t0).Seconds()
 	r.latencies, r.errorEvents = f.latencies(t)
 	if len(r.latencies) > 0 {
 		r.eventCPU = net / float64(len(r.latencies))
 		r.eventCPUGross = gross / float64(len(r.latencies))
+		r.apiEventCPU = apiGross / float64(len(r.latencies))
 	}
 	_, r.ended = f.held(t)
 	f.close(t, r.open.opened)
@@ -115,6 +135,8 @@ func sideBySide(runs [3]loadRun, n int) string {
 		{"delivery latency p99", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.99)) }, dur, true},
 		{"proxy CPU per event", func(r loadRun) float64 { return r.eventCPUGross }, micro, true},
 		{"proxy CPU per event, net of CPU at rest", func(r loadRun) float64 { return r.eventCPU }, micro, true},
+		{"API server CPU per event", func(r loadRun) float64 { return r.apiEventCPU }, micro, true},
+		{"machine CPU busy during the events", func(r loadRun) float64 { return r.eventBusy }, func(v float64) string { return fmt.Sprintf("%.0f%%", v*100) }, false},
 	}
 	for _, row := range rows {
 		bare := row.val(runs[2])

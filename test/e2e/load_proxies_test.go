@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -428,4 +429,33 @@ func shortFunc(fn string) string {
 		return fn[i+1:]
 	}
 	return fn
+}
+
+// cpuProfile writes p's CPU profile over d to file (watchgate only).
+func (p *process) cpuProfile(file string, d time.Duration) error {
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	return fetchTo(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, int(d.Seconds())), file)
+}
+
+// apiServerProcess is the API server of e as a process, to read its CPU:
+// the kube-apiserver whose command line holds its --secure-port.
+func apiServerProcess(t *testing.T, e *apiserver.Env) *process {
+	t.Helper()
+	port := fmt.Sprintf("--secure-port=%d", apiPort(t, e))
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, dir := range dirs {
+		cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if strings.HasSuffix(args[0], "kube-apiserver") && slices.Contains(args, port) {
+			pid, _ := strconv.Atoi(filepath.Base(dir))
+			return &process{pid: pid}
+		}
+	}
+	t.Logf("no kube-apiserver process with %s found: its CPU reads 0", port)
+	return &process{pid: -1}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -125,4 +126,25 @@ func TestWriteLoadBlock(t *testing.T) {
 	if err := writeLoadBlock(filepath.Join(t.TempDir(), "none.md"), 1, "x"); err == nil {
 		t.Error("a missing file was written")
 	}
+}
+
+// loadOrder parses LOAD_ORDER, the order of the side-by-side paths: a
+// permutation of 0, 1 and 2 separated by commas; 0,1,2 when empty.
+func loadOrder(t *testing.T, v string) []int {
+	t.Helper()
+	if v == "" {
+		return []int{0, 1, 2}
+	}
+	var order []int
+	for f := range strings.SplitSeq(v, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || i < 0 || i > 2 || slices.Contains(order, i) {
+			t.Fatalf("LOAD_ORDER=%q: want a permutation of 0 (watchgate without limits), 1 (as charted) and 2 (the bare proxy), e.g. 2,0,1", v)
+		}
+		order = append(order, i)
+	}
+	if len(order) != 3 {
+		t.Fatalf("LOAD_ORDER=%q: want all three paths, e.g. 2,0,1", v)
+	}
+	return order
 }

@@ -49,6 +49,9 @@ import (
 func TestLoad(t *testing.T) {
 	n := envInt("LOAD_WATCHES", 10000)
 	hold := envDuration("LOAD_HOLD", 2*time.Minute)
+	if os.Getenv("LOAD_HOLD") == "0" {
+		hold = 0 // side by side only
+	}
 	holdN := envInt("LOAD_HOLD_WATCHES", 30000)
 	events := envInt("LOAD_EVENTS", 1000)
 	eventTime := envDuration("LOAD_EVENT_TIME", 30*time.Second)
@@ -105,8 +108,8 @@ func TestLoad(t *testing.T) {
 	objs := loadObjects{prefix: agentNS + "-", groups: groups, namespaces: min(100, groups)}
 	objs.create(t, ctx, e.Clientset)
 	shape := clientShape{token: sa.Token, prefix: objs.prefix, groups: objs.groups, namespaces: objs.namespaces}
-	measure := func(p *process) loadRun {
-		return measureLoad(t, ctx, e, p, startFleet(t, client, p.url, n, shape), n, objs, events, eventTime)
+	measure := func(p *process, name string) loadRun {
+		return measureLoad(t, ctx, e, p, startFleet(t, client, p.url, n, shape), n, objs, events, eventTime, profileDir, name)
 	}
 
 	// 0. The same watches straight to the API server, opened and closed,
@@ -123,27 +126,41 @@ func TestLoad(t *testing.T) {
 		f.stop()
 	}
 
-	// 1. Side by side.
+	// 1. Side by side, in LOAD_ORDER: the paths by number, 0 watchgate
+	// without limits, 1 as charted, 2 the bare proxy.
 	var runs [3]loadRun
-	{
-		p := startWatchgate(t, e, bin, nil, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
-		runs[0] = measure(p)
-		runs[0].name = "watchgate, no GOMEMLIMIT, no cap"
-		p.stop()
-	}
 	chartLimit := int64((n+perGiB-1)/perGiB) << 30
-	{
-		p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", chartLimit*9/10>>20)},
-			fmt.Sprintf("--max-watches=%d", n), fmt.Sprintf("--max-watches-per-identity=%d", n), "--watch-opens-per-identity-per-second=0")
-		runs[1] = measure(p)
-		runs[1].name = fmt.Sprintf("watchgate as charted: limit %d GiB, GOMEMLIMIT %d MiB, --max-watches %d", chartLimit>>30, chartLimit*9/10>>20, n)
-		p.stop()
+	paths := [3]func() loadRun{
+		func() loadRun {
+			p := startWatchgate(t, e, bin, nil, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
+			defer p.stop()
+			r := measure(p, "watchgate-uncapped")
+			r.name = "watchgate, no GOMEMLIMIT, no cap"
+			return r
+		},
+		func() loadRun {
+			p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", chartLimit*9/10>>20)},
+				fmt.Sprintf("--max-watches=%d", n), fmt.Sprintf("--max-watches-per-identity=%d", n), "--watch-opens-per-identity-per-second=0")
+			defer p.stop()
+			r := measure(p, "watchgate-charted")
+			r.name = fmt.Sprintf("watchgate as charted: limit %d GiB, GOMEMLIMIT %d MiB, --max-watches %d", chartLimit>>30, chartLimit*9/10>>20, n)
+			return r
+		},
+		func() loadRun {
+			p := startBare(t, e, bare)
+			defer p.stop()
+			r := measure(p, "bare")
+			r.name = "bare httputil.ReverseProxy"
+			return r
+		},
 	}
-	{
-		p := startBare(t, e, bare)
-		runs[2] = measure(p)
-		runs[2].name = "bare httputil.ReverseProxy"
-		p.stop()
+	order := loadOrder(t, os.Getenv("LOAD_ORDER"))
+	for _, i := range order {
+		runs[i] = paths[i]()
+	}
+	if hold <= 0 {
+		t.Logf("LOAD_ORDER=%s; no hold (LOAD_HOLD=%v)\n%s", strings.Trim(fmt.Sprint(order), "[]"), hold, sideBySide(runs, n))
+		return
 	}
 
 	// 2. The held replica.
@@ -152,8 +169,8 @@ func TestLoad(t *testing.T) {
 	load1 := loadAvg()
 	commit, _ := exec.Command("git", "-C", root, "describe", "--always", "--dirty").Output()
 	var b strings.Builder
-	fmt.Fprintf(&b, "Command: `make load` (LOAD_WATCHES=%d LOAD_EVENTS=%d LOAD_EVENT_TIME=%v LOAD_HOLD_WATCHES=%d LOAD_HOLD=%v LOAD_CHART_WATCHES_PER_GIB=%d%s); %s; commit %s; load average %s at the start, %s at the end; %s.\n\n",
-		n, events, eventTime, holdN, hold, perGiB, map[bool]string{true: " LOAD_PROFILE_DIR=…"}[profileDir != ""],
+	fmt.Fprintf(&b, "Command: `make load` (LOAD_WATCHES=%d LOAD_EVENTS=%d LOAD_EVENT_TIME=%v LOAD_HOLD_WATCHES=%d LOAD_HOLD=%v LOAD_CHART_WATCHES_PER_GIB=%d LOAD_ORDER=%s%s); %s; commit %s; load average %s at the start, %s at the end; %s.\n\n",
+		n, events, eventTime, holdN, hold, perGiB, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(order)), ","), "[]"), map[bool]string{true: " LOAD_PROFILE_DIR=…"}[profileDir != ""],
 		started.Format("2006-01-02 15:04 UTC"), strings.TrimSpace(string(commit)), load0, load1, machine())
 	b.WriteString(sideBySide(runs, n))
 	b.WriteString("\n")

@@ -281,6 +281,9 @@ func everyoneReadsConfigMaps(t testing.TB, ns string) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if err := env.WaitAllowed(context.Background(), ns, "anyone", []string{"system:authenticated"}, readWatch("configmaps")); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func testLogger() logr.Logger {
