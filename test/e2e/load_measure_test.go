@@ -47,8 +47,9 @@ const (
 // rest, delivers events at deliveries a second for d, and closes the
 // watches and f.
 //
-// With profileDir set, it writes the CPU profile of watchgate during the
-// events there as <name>-events.pprof.
+// With profileDir set, it writes the CPU profiles of watchgate and of the
+// API server during the events there, as <name>-events.pprof and
+// <name>-apiserver-events.pprof.
 func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, n int, objs loadObjects, deliveries int, d time.Duration, profileDir, name string) loadRun {
 	t.Helper()
 	defer f.stop()
@@ -71,9 +72,14 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	f.latencies(t)
 	perWrite := max(1, float64(r.open.opened)/float64(objs.groups))
 	var profiled chan error
-	if profileDir != "" && !p.bare {
-		profiled = make(chan error, 1)
-		go func() { profiled <- p.cpuProfile(filepath.Join(profileDir, name+"-events.pprof"), d) }()
+	if profileDir != "" {
+		profiled = make(chan error, 2)
+		go func() { profiled <- apiServerCPUProfile(ctx, e, filepath.Join(profileDir, name+"-apiserver-events.pprof"), d) }()
+		if p.bare {
+			profiled <- nil
+		} else {
+			go func() { profiled <- p.cpuProfile(filepath.Join(profileDir, name+"-events.pprof"), d) }()
+		}
 	}
 	api := apiServerProcess(t, e)
 	c2, a2, m2, t0 := p.cpu(), api.cpu(), readCPU(nil)["machine"], time.Now()
@@ -82,8 +88,10 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	gross, apiGross := p.cpu()-c2, api.cpu()-a2
 	r.eventBusy = (readCPU(nil)["machine"] - m2).Seconds() / time.Since(t0).Seconds() / float64(runtime.NumCPU())
 	if profiled != nil {
-		if err := <-profiled; err != nil {
-			t.Logf("CPU profile during the events: %v", err)
+		for range 2 {
+			if err := <-profiled; err != nil {
+				t.Logf("CPU profile during the events: %v", err)
+			}
 		}
 	}
 	net := gross - r.restCPU*time.Since(t0).Seconds()

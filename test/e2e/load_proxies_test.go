@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -458,4 +459,17 @@ func apiServerProcess(t *testing.T, e *apiserver.Env) *process {
 	}
 	t.Logf("no kube-apiserver process with %s found: its CPU reads 0", port)
 	return &process{pid: -1}
+}
+
+// apiServerCPUProfile writes the API server's CPU profile over d to file.
+func apiServerCPUProfile(ctx context.Context, e *apiserver.Env, file string, d time.Duration) error {
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	raw, err := e.Clientset.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d+time.Minute).DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("API server CPU profile: %w", err)
+	}
+	return os.WriteFile(file, raw, 0o644)
 }
