@@ -74,7 +74,9 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	var profiled chan error
 	if profileDir != "" {
 		profiled = make(chan error, 2)
-		go func() { profiled <- apiServerCPUProfile(ctx, e, filepath.Join(profileDir, name+"-apiserver-events.pprof"), d) }()
+		go func() {
+			profiled <- apiServerCPUProfile(ctx, e, filepath.Join(profileDir, name+"-apiserver-events.pprof"), d)
+		}()
 		if p.bare {
 			profiled <- nil
 		} else {

@@ -467,7 +467,7 @@ func apiServerCPUProfile(ctx context.Context, e *apiserver.Env, file string, d t
 		return err
 	}
 	raw, err := e.Clientset.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
-		Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d+time.Minute).DoRaw(ctx)
+		Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d + time.Minute).DoRaw(ctx)
 	if err != nil {
 		return fmt.Errorf("API server CPU profile: %w", err)
 	}
