@@ -20,7 +20,7 @@ import (
 
 // loadObjects are the ConfigMaps the load's watches select: group g is
 // ConfigMap g<g>, labelled load-group=<g>, in namespace <prefix><g mod
-// namespaces> (loadclient's watch k selects group k mod groups).
+// namespaces> (loadclient's watch k selects group k mod groups, by name).
 type loadObjects struct {
 	prefix             string
 	groups, namespaces int

@@ -32,8 +32,8 @@ import (
 //     open them all at once and the proxy's CPU for it, then at rest RSS,
 //     Go heap in use, goroutines, upstream connections and CPU; then
 //     LOAD_EVENTS (1,000) deliveries a second for LOAD_EVENT_TIME (30s):
-//     the watches select ConfigMaps by label across 100 namespaces, five
-//     watches to a ConfigMap, and a writer stamps each update with its
+//     each watch selects one ConfigMap by name across 100 namespaces,
+//     five watches to a ConfigMap, and a writer stamps each update with its
 //     time; latency = receive time − write time, and the proxy's CPU per
 //     event net of its CPU at rest.
 //  2. The held replica: limit 1 GiB, GOMEMLIMIT 90% of it, --max-watches
