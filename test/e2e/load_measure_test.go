@@ -24,9 +24,11 @@ type loadRun struct {
 	// restCPU its CPU at rest (cores).
 	openCPU, restCPU float64
 	// writes (failed) the writer made; latencies of the events delivered,
-	// sorted; errorEvents the ERROR events the clients saw.
+	// sorted; errorEvents the ERROR events the clients saw; control the
+	// latencies, over the same span, of watches straight to the API
+	// server.
 	writes, writesFailed, errorEvents int
-	latencies                         []time.Duration
+	latencies, control                []time.Duration
 	// eventCPU is the proxy's CPU per delivered event (seconds), net of
 	// its CPU at rest; eventCPUGross is not. apiEventCPU is the API
 	// server's CPU per delivered event, gross, and eventBusy the machine's
@@ -50,7 +52,11 @@ const (
 // With profileDir set, it writes the CPU profiles of watchgate and of the
 // API server during the events there, as <name>-events.pprof and
 // <name>-apiserver-events.pprof.
-func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, n int, objs loadObjects, deliveries int, d time.Duration, profileDir, name string) loadRun {
+//
+// control starts a fleet straight to the API server that opens watches to
+// the first of the same ConfigMaps during the events: their latency is
+// the API server's own in that span, against which the proxy's compares.
+func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, control func() (*fleet, int), n int, objs loadObjects, deliveries int, d time.Duration, profileDir, name string) loadRun {
 	t.Helper()
 	defer f.stop()
 	var r loadRun
@@ -69,7 +75,13 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	r.rest = p.sampleAfter(true)
 
 	// Each write reaches the watches of its group: opened ÷ groups.
+	cf, cn := control()
+	defer cf.stop()
+	if o := cf.open(t, cn); o.opened < cn {
+		t.Logf("control: opened %d of %d watches straight to the API server (refused %v)", o.opened, cn, o.refused)
+	}
 	f.latencies(t)
+	cf.latencies(t)
 	perWrite := max(1, float64(r.open.opened)/float64(objs.groups))
 	var profiled chan error
 	if profileDir != "" {
@@ -98,6 +110,7 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	}
 	net := gross - r.restCPU*time.Since(t0).Seconds()
 	r.latencies, r.errorEvents = f.latencies(t)
+	r.control, _ = cf.latencies(t)
 	if len(r.latencies) > 0 {
 		r.eventCPU = net / float64(len(r.latencies))
 		r.eventCPUGross = gross / float64(len(r.latencies))
@@ -143,6 +156,8 @@ func sideBySide(runs [3]loadRun, n int) string {
 		{"events delivered", func(r loadRun) float64 { return float64(len(r.latencies)) }, count, false},
 		{"delivery latency p50", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.50)) }, dur, true},
 		{"delivery latency p99", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.99)) }, dur, true},
+		{"control: latency p50 of watches straight to the API server in the same span", func(r loadRun) float64 { return float64(quantile(r.control, 0.50)) }, dur, false},
+		{"control: latency p99 of watches straight to the API server in the same span", func(r loadRun) float64 { return float64(quantile(r.control, 0.99)) }, dur, false},
 		{"proxy CPU per event", func(r loadRun) float64 { return r.eventCPUGross }, micro, true},
 		{"proxy CPU per event, net of CPU at rest", func(r loadRun) float64 { return r.eventCPU }, micro, true},
 		{"API server CPU per event", func(r loadRun) float64 { return r.apiEventCPU }, micro, true},

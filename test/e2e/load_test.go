@@ -35,7 +35,8 @@ import (
 //     each watch selects one ConfigMap by name across 100 namespaces,
 //     five watches to a ConfigMap, and a writer stamps each update with its
 //     time; latency = receive time − write time, and the proxy's CPU per
-//     event net of its CPU at rest.
+//     event net of its CPU at rest; meanwhile a twentieth as many watches
+//     straight to the API server give its own latency in that span.
 //  2. The held replica: limit 1 GiB, GOMEMLIMIT 90% of it, --max-watches
 //     LOAD_HOLD_WATCHES (30,000), which it is asked to hold for LOAD_HOLD
 //     (2m) while 1% of them close and reopen each second; with
@@ -108,8 +109,14 @@ func TestLoad(t *testing.T) {
 	objs := loadObjects{prefix: agentNS + "-", groups: groups, namespaces: min(100, groups)}
 	objs.create(t, ctx, e.Clientset)
 	shape := clientShape{token: sa.Token, prefix: objs.prefix, groups: objs.groups, namespaces: objs.namespaces}
+	// The control: a twentieth as many watches straight to the API
+	// server during each path's events.
+	control := func() (*fleet, int) {
+		cn := max(1, n/20)
+		return startFleet(t, client, strings.TrimRight(e.Config.Host, "/"), cn, shape), cn
+	}
 	measure := func(p *process, name string) loadRun {
-		return measureLoad(t, ctx, e, p, startFleet(t, client, p.url, n, shape), n, objs, events, eventTime, profileDir, name)
+		return measureLoad(t, ctx, e, p, startFleet(t, client, p.url, n, shape), control, n, objs, events, eventTime, profileDir, name)
 	}
 
 	// 0. The same watches straight to the API server, opened and closed,
