@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -321,6 +322,46 @@ func TestWatchClientHonoursMaxConcurrentStreams(t *testing.T) {
 	for _, b := range bodies {
 		_ = b.Close()
 	}
+}
+
+// Watches that close and reopen on a full connection never take the API
+// server over its stream limit: a closed watch's RST_STREAM reaches the
+// server before the HEADERS of the watch that takes its place (a Go
+// server answers a stream over its acknowledged limit PROTOCOL_ERROR).
+func TestWatchClientChurnStaysWithinTheStreamLimit(t *testing.T) {
+	checkNoGoroutineLeak(t)
+	const streams, workers, rounds = 2, 4, 300
+	up, accepted := h2Upstream(t, streams, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	wc, _ := watchClientFor(t, up)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				resp, err := wc.RoundTrip(watchRequest(t, ctx, up, fmt.Sprintf("/w%d-%d", w, i)))
+				if err != nil {
+					cancel()
+					errs <- fmt.Errorf("watch %d of worker %d: %w", i, w, err)
+					return
+				}
+				if i%2 == 0 {
+					_ = resp.Body.Close() // RST_STREAM from Close
+				}
+				cancel() // RST_STREAM from the request's end
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d connections for %d watches, %d at a time of %d per connection", accepted.Load(), workers*rounds, workers, streams)
 }
 
 // A watch whose client does not read holds at most its stream's window

@@ -275,30 +275,51 @@ func (cc *watchConn) writeWindowUpdate(id uint32, n int) {
 }
 
 // resetStream ends s on the connection, telling the server (RST_STREAM
-// code) when s was still open.
+// code) when s was still open. The stream keeps its place among the
+// server's streams until the RST_STREAM is written: a request that takes
+// the place writes its HEADERS after it, so the server never sees more
+// streams than it allows (a Go server answers a stream over its
+// acknowledged limit PROTOCOL_ERROR).
 func (cc *watchConn) resetStream(s *watchConnStream, code http2.ErrCode) {
-	if cc.endStream(s) {
+	if cc.detachStream(s) {
 		cc.write(func() error { return cc.fr.WriteRSTStream(s.id, code) })
+		cc.releaseStream()
 	}
 }
 
-// endStream takes s off the connection; it reports whether s was open.
-// A connection going away closes with its last stream.
+// endStream takes s, which the server ended, off the connection; it
+// reports whether s was open.
 func (cc *watchConn) endStream(s *watchConnStream) bool {
+	if !cc.detachStream(s) {
+		return false
+	}
+	cc.releaseStream()
+	return true
+}
+
+// detachStream takes s out of the connection's streams, keeping its place
+// (see releaseStream); it reports whether s was open.
+func (cc *watchConn) detachStream(s *watchConnStream) bool {
 	cc.mu.Lock()
+	defer cc.mu.Unlock()
 	if !s.open {
-		cc.mu.Unlock()
 		return false
 	}
 	s.open = false
 	delete(cc.streams, s.id)
+	return true
+}
+
+// releaseStream frees a detached stream's place. A connection going away
+// closes with its last stream.
+func (cc *watchConn) releaseStream() {
+	cc.mu.Lock()
 	cc.used--
 	idle := cc.goingAway && cc.used == 0 && cc.err == nil
 	cc.mu.Unlock()
 	if idle {
 		_ = cc.conn.Close()
 	}
-	return true
 }
 
 // fail marks the connection failed with err, closes it and fails its
