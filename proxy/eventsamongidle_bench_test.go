@@ -8,7 +8,6 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strconv"
 	"sync"
 	"testing"
@@ -75,34 +74,10 @@ func BenchmarkEventAmongIdleWatches(b *testing.B) {
 	}
 	upstream.StartTLS()
 	b.Cleanup(upstream.Close)
-	upCfg := trusting(upstream)
-	target, _ := url.Parse(upstream.URL)
-	bare := bareReverseProxy(target)
-	bareTransport := upstream.Client().Transport.(*http.Transport).Clone()
-	bareTransport.ForceAttemptHTTP2 = true
-	bare.Transport = bareTransport
-
 	var direct float64 // µs per event, subtracted from the proxies'
-	for _, via := range []struct {
-		name    string
-		handler http.Handler
-		serve   func(*http.Server, http.Handler) error
-	}{{"direct", nil, nil}, {"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upCfg).Config.Handler, serveHTTP2}} {
-		b.Run(via.name, func(b *testing.B) {
-			srv := upstream
-			if via.handler != nil {
-				srv = httptest.NewUnstartedServer(via.handler)
-				srv.EnableHTTP2 = true
-				srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
-				srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-				if via.serve != nil {
-					if err := via.serve(srv.Config, via.handler); err != nil {
-						b.Fatal(err)
-					}
-				}
-				srv.StartTLS()
-				b.Cleanup(srv.Close)
-			}
+	for _, path := range benchPaths(b, upstream) {
+		b.Run(path.name, func(b *testing.B) {
+			srv := path.srv
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var active [conns]*bufio.Reader
@@ -160,7 +135,7 @@ func BenchmarkEventAmongIdleWatches(b *testing.B) {
 			perEvent := float64((cpuTime() - cpu0).Microseconds()) / float64(b.N)
 			b.StopTimer()
 			b.ReportMetric(perEvent, "cpu-µs/event")
-			if via.handler == nil {
+			if !path.proxied {
 				direct = perEvent
 			} else {
 				b.ReportMetric(perEvent-direct, "proxy-cpu-µs/event")

@@ -51,46 +51,23 @@ func BenchmarkIdleWatches(b *testing.B) {
 	if *idleProfile != "" {
 		runtime.MemProfileRate = 4096 // every allocation of a watch's size
 	}
-	upstream, upCfg, upstreamConns := watchUpstream(b, 100) // kube-apiserver's default
-	target, _ := url.Parse(upstream.URL)
-	bare := bareReverseProxy(target)
-	bareTransport := upstream.Client().Transport.(*http.Transport).Clone()
-	bareTransport.ForceAttemptHTTP2 = true
-	bare.Transport = bareTransport
+	upstream, _, upstreamConns := watchUpstream(b, 100) // kube-apiserver's default
 
 	var direct idleCost // the client's and upstream's share, subtracted from the proxies'
-	for _, via := range []struct {
-		name    string
-		handler http.Handler
-		// serve, when set, serves HTTP/2 as the proxy's Server does.
-		serve func(*http.Server, http.Handler) error
-	}{{"direct", nil, nil}, {"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upCfg).Config.Handler, serveHTTP2}} {
-		b.Run(via.name, func(b *testing.B) {
-			srv := upstream
-			if via.handler != nil {
-				srv = httptest.NewUnstartedServer(via.handler)
-				srv.EnableHTTP2 = true
-				srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
-				srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-				if via.serve != nil {
-					if err := via.serve(srv.Config, via.handler); err != nil {
-						b.Fatal(err)
-					}
-				}
-				srv.StartTLS()
-				b.Cleanup(srv.Close)
-			}
+	for _, path := range benchPaths(b, upstream) {
+		b.Run(path.name, func(b *testing.B) {
+			srv := path.srv
 			for b.Loop() {
 				conns0 := upstreamConns.Load()
-				cost := holdIdleWatches(b, srv, n, via.name)
+				cost := holdIdleWatches(b, srv, n, path.name)
 				b.ReportMetric(float64(upstreamConns.Load()-conns0), "upstream-conns")
-				if via.handler == nil {
+				if !path.proxied {
 					direct = cost
 				}
 				b.ReportMetric(cost.heap, "heap-B/watch")
 				b.ReportMetric(cost.goroutines, "goroutines/watch")
 				b.ReportMetric(cost.openCPU, "cpu-µs/open")
-				if via.handler != nil {
+				if path.proxied {
 					b.ReportMetric(cost.heap-direct.heap, "proxy-heap-B/watch")
 					b.ReportMetric(cost.stack-direct.stack, "proxy-stack-B/watch")
 					b.ReportMetric(cost.goroutines-direct.goroutines, "proxy-goroutines/watch")
@@ -99,6 +76,46 @@ func BenchmarkIdleWatches(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchPath is one way to a benchmark's upstream: directly, or through a
+// proxy served as watchgate serves (HTTP/2 over TLS, 1,000 streams per
+// connection).
+type benchPath struct {
+	name    string
+	srv     *httptest.Server
+	proxied bool
+}
+
+// benchPaths are the direct path to upstream, a bare
+// httputil.ReverseProxy in front of it and watchgate's chain (with
+// serveHTTP2) in front of it.
+func benchPaths(b *testing.B, upstream *httptest.Server) []benchPath {
+	target, _ := url.Parse(upstream.URL)
+	bare := bareReverseProxy(target)
+	bareTransport := upstream.Client().Transport.(*http.Transport).Clone()
+	bareTransport.ForceAttemptHTTP2 = true
+	bare.Transport = bareTransport
+	paths := []benchPath{{name: "direct", srv: upstream}}
+	for _, p := range []struct {
+		name    string
+		handler http.Handler
+		serve   func(*http.Server, http.Handler) error
+	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, trusting(upstream)).Config.Handler, serveHTTP2}} {
+		srv := httptest.NewUnstartedServer(p.handler)
+		srv.EnableHTTP2 = true
+		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		if p.serve != nil {
+			if err := p.serve(srv.Config, p.handler); err != nil {
+				b.Fatal(err)
+			}
+		}
+		srv.StartTLS()
+		b.Cleanup(srv.Close)
+		paths = append(paths, benchPath{name: p.name, srv: srv, proxied: true})
+	}
+	return paths
 }
 
 // idleCost is what the process holds per open watch, and the CPU it
