@@ -25,11 +25,11 @@ import (
 // Frames are scheduled by x/net's random write scheduler, not by its
 // default (and net/http's) round robin. The round robin keeps every open
 // stream in a ring and looks at each, idle or not, whenever it looks for a
-// frame to write: for an event, when the handler writes it, after the
-// frame is written, and for the client's WINDOW_UPDATE. On a connection
-// of 500 idle watches that is 1,500 looks per event, at a cache miss each
-// once a replica holds tens of thousands of watches: most of the CPU an
-// event cost at 50,000 watches. The random scheduler keeps only the
+// frame to write: for an event, when the handler writes it and again after
+// the frame is written (and for each frame the client sends). On a
+// connection of 500 idle watches that is at least 1,000 looks per event,
+// at a cache miss each once a replica holds tens of thousands of watches:
+// most of the CPU an event cost at 50,000 watches. The random scheduler keeps only the
 // streams that have frames queued. Watches ask for no priority.
 func serveHTTP2(srv *http.Server, handler http.Handler) error {
 	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} // its settings come from srv.HTTP2
