@@ -29,8 +29,9 @@ import (
 // the frame is written (and for each frame the client sends). On a
 // connection of 500 idle watches that is at least 1,000 looks per event,
 // at a cache miss each once a replica holds tens of thousands of watches:
-// most of the CPU an event cost at 50,000 watches. The random scheduler keeps only the
-// streams that have frames queued. Watches ask for no priority.
+// most of the CPU an event cost at 50,000 watches. The random scheduler
+// keeps only the streams that have frames queued. Watches ask for no
+// priority.
 func serveHTTP2(srv *http.Server, handler http.Handler) error {
 	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} // its settings come from srv.HTTP2
 	if err := http2.ConfigureServer(srv, h2); err != nil {

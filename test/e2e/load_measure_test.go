@@ -131,6 +131,14 @@ func sideBySide(runs [3]loadRun, n int) string {
 	mib := func(v float64) string { return fmt.Sprintf("%.0f MiB", v/(1<<20)) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	dur := func(v float64) string { return time.Duration(v).Round(time.Millisecond).String() }
+	lat := func(v float64) string { return time.Duration(v).Round(100 * time.Microsecond).String() }
+	times := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+	overControl := func(r loadRun, q float64) float64 {
+		if c := quantile(r.control, q); c > 0 {
+			return float64(quantile(r.latencies, q)) / float64(c)
+		}
+		return 0
+	}
 	micro := func(v float64) string { return fmt.Sprintf("%.1f µs", v*1e6) }
 	perWatch := func(r loadRun) float64 { return float64(max(1, r.open.opened)) }
 	rows := []struct {
@@ -154,10 +162,12 @@ func sideBySide(runs [3]loadRun, n int) string {
 		{"goroutines", func(r loadRun) float64 { return float64(r.rest.goroutines) }, count, true},
 		{"CPU at rest (cores)", func(r loadRun) float64 { return r.restCPU }, func(v float64) string { return fmt.Sprintf("%.3f", v) }, false},
 		{"events delivered", func(r loadRun) float64 { return float64(len(r.latencies)) }, count, false},
-		{"delivery latency p50", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.50)) }, dur, true},
-		{"delivery latency p99", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.99)) }, dur, true},
-		{"control: latency p50 of watches straight to the API server in the same span", func(r loadRun) float64 { return float64(quantile(r.control, 0.50)) }, dur, false},
-		{"control: latency p99 of watches straight to the API server in the same span", func(r loadRun) float64 { return float64(quantile(r.control, 0.99)) }, dur, false},
+		{"delivery latency p50", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.50)) }, lat, true},
+		{"delivery latency p99", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.99)) }, lat, true},
+		{"control: latency p50 of watches straight to the API server in the same span", func(r loadRun) float64 { return float64(quantile(r.control, 0.50)) }, lat, false},
+		{"control: latency p99 of watches straight to the API server in the same span", func(r loadRun) float64 { return float64(quantile(r.control, 0.99)) }, lat, false},
+		{"delivery latency p50 ÷ the control's", func(r loadRun) float64 { return overControl(r, 0.50) }, times, true},
+		{"delivery latency p99 ÷ the control's", func(r loadRun) float64 { return overControl(r, 0.99) }, times, true},
 		{"proxy CPU per event", func(r loadRun) float64 { return r.eventCPUGross }, micro, true},
 		{"proxy CPU per event, net of CPU at rest", func(r loadRun) float64 { return r.eventCPU }, micro, true},
 		{"API server CPU per event", func(r loadRun) float64 { return r.apiEventCPU }, micro, true},
