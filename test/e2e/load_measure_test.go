@@ -74,7 +74,6 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	r.restCPU = (p.cpu() - c1) / restSpan.Seconds()
 	r.rest = p.sampleAfter(true)
 
-	// Each write reaches the watches of its group: opened ÷ groups.
 	cf, cn := control()
 	defer cf.stop()
 	if o := cf.open(t, cn); o.opened < cn {
@@ -82,6 +81,7 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	}
 	f.latencies(t)
 	cf.latencies(t)
+	// Each write reaches the watches of its group: opened ÷ groups.
 	perWrite := max(1, float64(r.open.opened)/float64(objs.groups))
 	var profiled chan error
 	if profileDir != "" {
