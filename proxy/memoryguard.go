@@ -45,9 +45,7 @@ type MemoryReader func() (inUse, limit uint64)
 // Under GOMEMLIMIT the collector runs as the process nears the limit, as
 // often as it must, and frees the garbage: counting garbage would refuse
 // watches whenever the collector has not yet run (above half the limit,
-// the collector lets garbage grow until the limit; `make load` saw a 1Gi
-// replica refuse from 22,300 watches while live memory was 600 MiB of its
-// 921). What was allocated since the last collection counts at the next
+// the collector lets garbage grow until the limit). What was allocated since the last collection counts at the next
 // one, which comes before the limit: watches opened at once can pass the
 // mark by what one collection cycle admits, within the limit. It costs
 // about a microsecond; the guard calls it at most every 250ms.

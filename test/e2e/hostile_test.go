@@ -255,7 +255,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	var victim429 atomic.Int64
 	var agentTrace, controlTrace requestTrace
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		return agentTrace.wrap(&count429{next: rt, n: &victim429, t: t})
+		return agentTrace.wrap(&count429{next: rt, n: &victim429})
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -566,14 +566,16 @@ func (a *victimAgent) stop() {
 type count429 struct {
 	next http.RoundTripper
 	n    *atomic.Int64
-	t    *testing.T
 }
 
+// RoundTrip counts 429s and prints the first five with watchgate's
+// decision, to stderr: a request may still be in flight when the test
+// ends, after which t.Log would panic.
 func (c *count429) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.next.RoundTrip(req)
 	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
 		if c.n.Add(1) <= 5 {
-			c.t.Logf("victim: 429 for %s %s: %s %q", req.Method, req.URL.RequestURI(), resp.Header.Get("X-Watchgate-Decision"), resp.Header.Get("Retry-After"))
+			fmt.Fprintf(os.Stderr, "victim: 429 for %s %s: %s %q\n", req.Method, req.URL.RequestURI(), resp.Header.Get("X-Watchgate-Decision"), resp.Header.Get("Retry-After"))
 		}
 	}
 	return resp, err
