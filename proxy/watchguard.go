@@ -18,7 +18,7 @@ const (
 	// an idle watch holds about 14 KiB of Go heap and 4 KiB of goroutine
 	// stack in the proxy, 20–21 KiB of RSS (make load, HTTP/2 on both
 	// hops), and a 1 GiB replica held 30,000 opened at once, and 1% of
-	// them reopened each second, with no refusal and RSS at most 945 MiB.
+	// them reopened each second, with no refusal and RSS at most 931 MiB.
 	// 26 KiB leaves room over the memory the guard counts (live memory,
 	// 16–18 KiB a watch) for the heap's growth between collections, and
 	// keeps a full replica under the guard's mark at 512Mi, 1Gi and 2Gi
