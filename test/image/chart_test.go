@@ -33,7 +33,11 @@ func helm(t *testing.T, args ...string) string {
 // release in namespace ns and returns the Deployment Helm applied.
 func installedDeployment(t *testing.T, release, ns string) *appsv1.Deployment {
 	t.Helper()
-	helm(t, "install", release, filepath.Join(root, "charts", "watchgate"), "--namespace", ns, "--create-namespace", "--timeout=2m")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	if _, err := env.HelmInstall(ctx, helmBin, t.Logf, "install", release, filepath.Join(root, "charts", "watchgate"), "--namespace", ns, "--create-namespace", "--timeout=2m"); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -143,7 +143,7 @@ func installPrerequisites(t *testing.T) {
 	t.Helper()
 	var failed error
 	prerequisites.Do(func() {
-		firstInstall, failed = helm(t, "upgrade", "--install", releaseName, chart, "--namespace", releaseNamespace, "--create-namespace", "--timeout=2m")
+		firstInstall, failed = helmInstall(t, "upgrade", "--install", releaseName, chart, "--namespace", releaseNamespace, "--create-namespace", "--timeout=2m")
 		if failed != nil {
 			return
 		}

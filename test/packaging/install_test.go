@@ -101,7 +101,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 
 	// Installing again adopts the kept CRD (a later test binary run, or an
 	// operator reinstalling).
-	if _, err := helm(t, "install", releaseName, chart, "--namespace", releaseNamespace, "--timeout=2m"); err != nil {
+	if _, err := helmInstall(t, "install", releaseName, chart, "--namespace", releaseNamespace, "--timeout=2m"); err != nil {
 		t.Fatalf("reinstall over the kept CRD: %v", err)
 	}
 	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "DryRun" {

@@ -62,6 +62,14 @@ func helm(t *testing.T, args ...string) (string, error) {
 	return apiserver.Helm(ctx, helmBin, env.Kubeconfig, args...)
 }
 
+// helmInstall runs an install of the chart the way env.HelmInstall does.
+func helmInstall(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	return env.HelmInstall(ctx, helmBin, t.Logf, args...)
+}
+
 // render runs `helm template` for release name in namespace ns with extra
 // arguments (-f, --set) and returns the manifests.
 func render(t *testing.T, name, ns string, args ...string) string {
