@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,25 +39,18 @@ type loadRun struct {
 	ended int
 }
 
-// restSettle is how long the watches settle after opening, and restSpan
-// how long CPU at rest is measured.
+// restSettle is how long the watches settle after opening, restSpan
+// how long CPU at rest is measured, and eventTail how long each slice of
+// events waits for its last writes' events.
 const (
 	restSettle = 10 * time.Second
 	restSpan   = 30 * time.Second
+	eventTail  = 2 * time.Second
 )
 
-// measureLoad opens n watches through p with f all at once, measures p at
-// rest, delivers events at deliveries a second for d, and closes the
-// watches and f.
-//
-// With profileDir set, it writes the CPU profiles of watchgate and of the
-// API server during the events there, as <name>-events.pprof and
-// <name>-apiserver-events.pprof.
-//
-// control starts a fleet straight to the API server that opens watches to
-// the first of the same ConfigMaps during the events: their latency is
-// the API server's own in that span, against which the proxy's compares.
-func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process, f *fleet, control func() (*fleet, int), n int, objs loadObjects, deliveries int, d time.Duration, profileDir, name string) loadRun {
+// measureOpen opens n watches through p with f all at once, measures p at
+// rest, then closes the watches and stops f.
+func measureOpen(t *testing.T, p *process, f *fleet, n int) loadRun {
 	t.Helper()
 	defer f.stop()
 	var r loadRun
@@ -73,52 +67,102 @@ func measureLoad(t *testing.T, ctx context.Context, e *apiserver.Env, p *process
 	time.Sleep(restSpan)
 	r.restCPU = (p.cpu() - c1) / restSpan.Seconds()
 	r.rest = p.sampleAfter(true)
-
-	cf, cn := control()
-	defer cf.stop()
-	if o := cf.open(t, cn); o.opened < cn {
-		t.Logf("control: opened %d of %d watches straight to the API server (refused %v)", o.opened, cn, o.refused)
-	}
-	f.latencies(t)
-	cf.latencies(t)
-	// Each write reaches the watches of its group: opened ÷ groups.
-	perWrite := max(1, float64(r.open.opened)/float64(objs.groups))
-	var profiled chan error
-	if profileDir != "" {
-		profiled = make(chan error, 2)
-		go func() {
-			profiled <- apiServerCPUProfile(ctx, e, filepath.Join(profileDir, name+"-apiserver-events.pprof"), d)
-		}()
-		if p.bare {
-			profiled <- nil
-		} else {
-			go func() { profiled <- p.cpuProfile(filepath.Join(profileDir, name+"-events.pprof"), d) }()
-		}
-	}
-	api := apiServerProcess(t, e)
-	c2, a2, m2, t0 := p.cpu(), api.cpu(), readCPU(nil)["machine"], time.Now()
-	r.writes, r.writesFailed = objs.write(ctx, e.Clientset, float64(deliveries)/perWrite, d)
-	time.Sleep(2 * time.Second) // the last writes' events
-	gross, apiGross := p.cpu()-c2, api.cpu()-a2
-	r.eventBusy = (readCPU(nil)["machine"] - m2).Seconds() / time.Since(t0).Seconds() / float64(runtime.NumCPU())
-	if profiled != nil {
-		for range 2 {
-			if err := <-profiled; err != nil {
-				t.Logf("CPU profile during the events: %v", err)
-			}
-		}
-	}
-	net := gross - r.restCPU*time.Since(t0).Seconds()
-	r.latencies, r.errorEvents = f.latencies(t)
-	r.control, _ = cf.latencies(t)
-	if len(r.latencies) > 0 {
-		r.eventCPU = net / float64(len(r.latencies))
-		r.eventCPUGross = gross / float64(len(r.latencies))
-		r.apiEventCPU = apiGross / float64(len(r.latencies))
-	}
-	_, r.ended = f.held(t)
 	f.close(t, r.open.opened)
 	return r
+}
+
+// eventPath is one path's part in the interleaved events: its proxy, the
+// watches open through it, their ConfigMaps, and the control, watches
+// straight to the API server on the first of the same ConfigMaps.
+type eventPath struct {
+	p        *process
+	watches  *fleet
+	opened   int
+	objs     loadObjects
+	control  *fleet
+	name     string
+	run      *loadRun
+	apiGross float64
+}
+
+// interleavedEvents delivers deliveries events a second to each path's
+// watches for d in all, in turns: rounds rounds, each a slice of
+// d ÷ rounds per path (then eventTail for its last events), the order of
+// the paths rotating by one each round, so that whatever drifts in the API
+// server or the machine over the phase falls on every path alike. Every
+// path's watches and control stay open throughout; a slice writes only its
+// path's ConfigMaps, so the other paths' watches get no events. Each run
+// gets its latencies and its control's, and its proxy's and the API
+// server's CPU per event over its slices (the proxy's net of its CPU at
+// rest, run.restCPU).
+//
+// With profileDir set, it writes the CPU profiles of watchgate and of the
+// API server over each path's first slice, as <name>-events.pprof and
+// <name>-apiserver-events.pprof.
+func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, paths []*eventPath, deliveries int, d time.Duration, rounds int, profileDir string) {
+	t.Helper()
+	slice := d / time.Duration(rounds)
+	api := apiServerProcess(t, e)
+	var span, busy [3]float64
+	for round := range rounds {
+		for k := range paths {
+			i := (k + round) % len(paths)
+			ep := paths[i]
+			r := ep.run
+			ep.watches.latencies(t) // anything delivered before the slice
+			ep.control.latencies(t)
+			// Each write reaches the watches of its group: opened ÷ groups.
+			perWrite := max(1, float64(ep.opened)/float64(ep.objs.groups))
+			var profiled chan error
+			if profileDir != "" && round == 0 {
+				profiled = make(chan error, 2)
+				go func() {
+					profiled <- apiServerCPUProfile(ctx, e, filepath.Join(profileDir, ep.name+"-apiserver-events.pprof"), slice)
+				}()
+				if ep.p.bare {
+					profiled <- nil
+				} else {
+					go func() { profiled <- ep.p.cpuProfile(filepath.Join(profileDir, ep.name+"-events.pprof"), slice) }()
+				}
+			}
+			c0, a0, m0, t0 := ep.p.cpu(), api.cpu(), readCPU(nil)["machine"], time.Now()
+			w, failed := ep.objs.write(ctx, e.Clientset, float64(deliveries)/perWrite, slice)
+			time.Sleep(eventTail)
+			elapsed := time.Since(t0).Seconds()
+			r.eventCPUGross += ep.p.cpu() - c0
+			ep.apiGross += api.cpu() - a0
+			busy[i] += (readCPU(nil)["machine"] - m0).Seconds()
+			span[i] += elapsed
+			r.writes += w
+			r.writesFailed += failed
+			if profiled != nil {
+				for range 2 {
+					if err := <-profiled; err != nil {
+						t.Logf("CPU profile during the events: %v", err)
+					}
+				}
+			}
+			lat, errs := ep.watches.latencies(t)
+			r.latencies = append(r.latencies, lat...)
+			r.errorEvents += errs
+			c, _ := ep.control.latencies(t)
+			r.control = append(r.control, c...)
+		}
+	}
+	for i, ep := range paths {
+		r := ep.run
+		slices.Sort(r.latencies)
+		slices.Sort(r.control)
+		r.eventBusy = busy[i] / span[i] / float64(runtime.NumCPU())
+		gross := r.eventCPUGross
+		r.eventCPUGross = 0
+		if n := float64(len(r.latencies)); n > 0 {
+			r.eventCPU = (gross - r.restCPU*span[i]) / n
+			r.eventCPUGross = gross / n
+			r.apiEventCPU = ep.apiGross / n
+		}
+		_, r.ended = ep.watches.held(t)
+	}
 }
 
 // sideBySide is the table of the side-by-side runs, the bare proxy last,

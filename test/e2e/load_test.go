@@ -23,20 +23,26 @@ import (
 // most 12,500 watches each, 500 per HTTP/2 connection), as one agent: one
 // service account, one budget with limits the load never reaches.
 //
-//  0. Warm-up: LOAD_WATCHES straight to the API server, opened and closed.
+//  0. Warm-up: LOAD_WATCHES straight to the API server, opened and closed,
+//     on each path's ConfigMaps.
 //  1. Side by side, the same LOAD_WATCHES (10,000) through watchgate
 //     without GOMEMLIMIT and without a cap, through watchgate as the chart
 //     runs it with the memory limit the sizing rule gives that many watches
 //     (LOAD_CHART_WATCHES_PER_GIB, 30,000; GOMEMLIMIT 90% of it,
-//     --max-watches the count), and through the bare proxy: the time to
-//     open them all at once and the proxy's CPU for it, then at rest RSS,
-//     Go heap in use, goroutines, upstream connections and CPU; then
-//     LOAD_EVENTS (1,000) deliveries a second for LOAD_EVENT_TIME (30s):
-//     each watch selects one ConfigMap by name across 100 namespaces,
-//     five watches to a ConfigMap, and a writer stamps each update with its
-//     time; latency = receive time − write time, and the proxy's CPU per
-//     event net of its CPU at rest; meanwhile a twentieth as many watches
-//     straight to the API server give its own latency in that span.
+//     --max-watches the count), and through the bare proxy. Each path
+//     alone, in LOAD_ORDER: the time to open them all at once and the
+//     proxy's CPU for it, then at rest RSS, Go heap in use, goroutines,
+//     upstream connections and CPU; then its watches close. Then every
+//     path opens them again, and LOAD_EVENTS (1,000) deliveries a second
+//     for LOAD_EVENT_TIME (30s) in all go to each path in turn:
+//     LOAD_EVENT_ROUNDS (6) rounds of a slice per path, the order rotating
+//     each round, so that the API server's and the machine's drift falls on
+//     every path alike (interleavedEvents). Each watch selects one
+//     ConfigMap of its path by name across 100 namespaces, five watches to
+//     a ConfigMap, and a writer stamps each update with its time; latency =
+//     receive time − write time, and the proxy's CPU per event net of its
+//     CPU at rest; a twentieth as many watches straight to the API server on
+//     the same ConfigMaps give its own latency in the same slices.
 //  2. The held replica: limit 1 GiB, GOMEMLIMIT 90% of it, --max-watches
 //     LOAD_HOLD_WATCHES (30,000), which it is asked to hold for LOAD_HOLD
 //     (2m) while 1% of them close and reopen each second; with
@@ -56,6 +62,10 @@ func TestLoad(t *testing.T) {
 	holdN := envInt("LOAD_HOLD_WATCHES", 30000)
 	events := envInt("LOAD_EVENTS", 1000)
 	eventTime := envDuration("LOAD_EVENT_TIME", 30*time.Second)
+	rounds := envInt("LOAD_EVENT_ROUNDS", 6)
+	if rounds < 1 || eventTime/time.Duration(rounds) < time.Second {
+		t.Fatalf("LOAD_EVENT_ROUNDS=%d: want at least 1, and LOAD_EVENT_TIME (%v) ÷ rounds at least 1s", rounds, eventTime)
+	}
 	perGiB := envInt("LOAD_CHART_WATCHES_PER_GIB", 30000)
 	profileDir := os.Getenv("LOAD_PROFILE_DIR")
 	root := apiserver.RepoRoot()
@@ -105,27 +115,24 @@ func TestLoad(t *testing.T) {
 	if err := kubectlApply(ctx, e, budget); err != nil {
 		t.Fatal(err)
 	}
+	// Each path's watches select ConfigMaps of their own, so that a
+	// write reaches only the path whose turn it is.
 	groups := max(1, n/5)
-	objs := loadObjects{prefix: agentNS + "-", groups: groups, namespaces: min(100, groups)}
-	objs.create(t, ctx, e.Clientset)
-	shape := clientShape{token: sa.Token, prefix: objs.prefix, groups: objs.groups, namespaces: objs.namespaces}
-	// The control: a twentieth as many watches straight to the API
-	// server during each path's events.
-	control := func() (*fleet, int) {
-		cn := max(1, n/20)
-		return startFleet(t, client, strings.TrimRight(e.Config.Host, "/"), cn, shape), cn
-	}
-	measure := func(p *process, name string) loadRun {
-		return measureLoad(t, ctx, e, p, startFleet(t, client, p.url, n, shape), control, n, objs, events, eventTime, profileDir, name)
+	var objs [3]loadObjects
+	var shapes [3]clientShape
+	for i := range objs {
+		objs[i] = loadObjects{prefix: fmt.Sprintf("%s-p%d-", agentNS, i), groups: groups, namespaces: min(100, groups)}
+		objs[i].create(t, ctx, e.Clientset)
+		shapes[i] = clientShape{token: sa.Token, prefix: objs[i].prefix, groups: objs[i].groups, namespaces: objs[i].namespaces}
 	}
 
 	// 0. The same watches straight to the API server, opened and closed,
 	// so that the first path measured does not pay alone for the API
 	// server's first opening of them.
-	{
-		f := startFleet(t, client, strings.TrimRight(e.Config.Host, "/"), n, shape)
+	for i := range shapes {
+		f := startFleet(t, client, strings.TrimRight(e.Config.Host, "/"), n, shapes[i])
 		o := f.open(t, n)
-		t.Logf("warm-up, straight to the API server: opened %d of %d in %v (refused %v)", o.opened, n, o.took, o.refused)
+		t.Logf("warm-up %d, straight to the API server: opened %d of %d in %v (refused %v)", i, o.opened, n, o.took, o.refused)
 		if o.opened == 0 {
 			t.Fatalf("the warm-up opened no watch straight to the API server at %s", e.Config.Host)
 		}
@@ -133,37 +140,45 @@ func TestLoad(t *testing.T) {
 		f.stop()
 	}
 
-	// 1. Side by side, in LOAD_ORDER: the paths by number, 0 watchgate
-	// without limits, 1 as charted, 2 the bare proxy.
-	var runs [3]loadRun
+	// 1. Side by side, the paths by number: 0 watchgate without limits,
+	// 1 as charted, 2 the bare proxy. Each opens its watches alone, in
+	// LOAD_ORDER, and closes them; then all three open them again for the
+	// events, which go to each in turn.
 	chartLimit := int64((n+perGiB-1)/perGiB) << 30
-	paths := [3]func() loadRun{
-		func() loadRun {
-			p := startWatchgate(t, e, bin, nil, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
-			defer p.stop()
-			r := measure(p, "watchgate-uncapped")
-			r.name = "watchgate, no GOMEMLIMIT, no cap"
-			return r
-		},
-		func() loadRun {
-			p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", chartLimit*9/10>>20)},
-				fmt.Sprintf("--max-watches=%d", n), fmt.Sprintf("--max-watches-per-identity=%d", n), "--watch-opens-per-identity-per-second=0")
-			defer p.stop()
-			r := measure(p, "watchgate-charted")
-			r.name = fmt.Sprintf("watchgate as charted: limit %d GiB, GOMEMLIMIT %d MiB, --max-watches %d", chartLimit>>30, chartLimit*9/10>>20, n)
-			return r
-		},
-		func() loadRun {
-			p := startBare(t, e, bare)
-			defer p.stop()
-			r := measure(p, "bare")
-			r.name = "bare httputil.ReverseProxy"
-			return r
-		},
-	}
+	var procs [3]*process
+	procs[0] = startWatchgate(t, e, bin, nil, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
+	procs[1] = startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", chartLimit*9/10>>20)},
+		fmt.Sprintf("--max-watches=%d", n), fmt.Sprintf("--max-watches-per-identity=%d", n), "--watch-opens-per-identity-per-second=0")
+	procs[2] = startBare(t, e, bare)
+	names := [3]string{"watchgate-uncapped", "watchgate-charted", "bare"}
+	var runs [3]loadRun
 	order := loadOrder(t, os.Getenv("LOAD_ORDER"))
 	for _, i := range order {
-		runs[i] = paths[i]()
+		runs[i] = measureOpen(t, procs[i], startFleet(t, client, procs[i].url, n, shapes[i]), n)
+	}
+	runs[0].name = "watchgate, no GOMEMLIMIT, no cap"
+	runs[1].name = fmt.Sprintf("watchgate as charted: limit %d GiB, GOMEMLIMIT %d MiB, --max-watches %d", chartLimit>>30, chartLimit*9/10>>20, n)
+	runs[2].name = "bare httputil.ReverseProxy"
+	var paths []*eventPath
+	for _, i := range order {
+		f := startFleet(t, client, procs[i].url, n, shapes[i])
+		o := f.open(t, n)
+		cn := max(1, n/20)
+		cf := startFleet(t, client, strings.TrimRight(e.Config.Host, "/"), cn, shapes[i])
+		if co := cf.open(t, cn); co.opened < cn {
+			t.Logf("control of %s: opened %d of %d watches straight to the API server (refused %v)", names[i], co.opened, cn, co.refused)
+		}
+		t.Logf("%s: opened %d of %d again for the events", names[i], o.opened, n)
+		paths = append(paths, &eventPath{p: procs[i], watches: f, opened: o.opened, objs: objs[i], control: cf, name: names[i], run: &runs[i]})
+	}
+	interleavedEvents(t, ctx, e, paths, events, eventTime, rounds, profileDir)
+	for _, ep := range paths {
+		ep.watches.close(t, ep.opened)
+		ep.watches.stop()
+		ep.control.stop()
+	}
+	for _, p := range procs {
+		p.stop()
 	}
 	if hold <= 0 {
 		t.Logf("LOAD_ORDER=%s; no hold (LOAD_HOLD=%v)\n%s", strings.Trim(fmt.Sprint(order), "[]"), hold, sideBySide(runs, n))
@@ -171,13 +186,13 @@ func TestLoad(t *testing.T) {
 	}
 
 	// 2. The held replica.
-	h := holdReplica(t, e, bin, client, shape, holdN, hold, profileDir)
+	h := holdReplica(t, e, bin, client, shapes[0], holdN, hold, profileDir)
 
 	load1 := loadAvg()
 	commit, _ := exec.Command("git", "-C", root, "describe", "--always", "--dirty").Output()
 	var b strings.Builder
-	fmt.Fprintf(&b, "Command: `make load` (LOAD_WATCHES=%d LOAD_EVENTS=%d LOAD_EVENT_TIME=%v LOAD_HOLD_WATCHES=%d LOAD_HOLD=%v LOAD_CHART_WATCHES_PER_GIB=%d LOAD_ORDER=%s%s); %s; commit %s; load average %s at the start, %s at the end; %s.\n\n",
-		n, events, eventTime, holdN, hold, perGiB, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(order)), ","), "[]"), map[bool]string{true: " LOAD_PROFILE_DIR=…"}[profileDir != ""],
+	fmt.Fprintf(&b, "Command: `make load` (LOAD_WATCHES=%d LOAD_EVENTS=%d LOAD_EVENT_TIME=%v LOAD_EVENT_ROUNDS=%d LOAD_HOLD_WATCHES=%d LOAD_HOLD=%v LOAD_CHART_WATCHES_PER_GIB=%d LOAD_ORDER=%s%s); %s; commit %s; load average %s at the start, %s at the end; %s.\n\n",
+		n, events, eventTime, rounds, holdN, hold, perGiB, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(order)), ","), "[]"), map[bool]string{true: " LOAD_PROFILE_DIR=…"}[profileDir != ""],
 		started.Format("2006-01-02 15:04 UTC"), strings.TrimSpace(string(commit)), load0, load1, machine())
 	b.WriteString(sideBySide(runs, n))
 	b.WriteString("\n")
