@@ -76,8 +76,8 @@ LOAD_WATCHES ?= 10000
 LOAD_HOLD ?= 2m
 LOAD_HOLD_WATCHES ?= 30000
 LOAD_EVENTS ?= 1000
-LOAD_EVENT_TIME ?= 30s
-LOAD_EVENT_ROUNDS ?= 6
+LOAD_EVENT_TIME ?= 60s
+LOAD_EVENT_ROUNDS ?= 20
 LOAD_PROFILE_DIR ?=
 .PHONY: load
 load: build ## Load run (~20 min at 10,000 watches, ~40 at LOAD_WATCHES=50000; not in `make test`): watchgate vs a bare proxy side by side, opening, idle and event delivery; a 1 GiB replica held at LOAD_HOLD_WATCHES; profiles into LOAD_PROFILE_DIR; writes BENCHMARKS.md.

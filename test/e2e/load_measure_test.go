@@ -45,7 +45,7 @@ type loadRun struct {
 const (
 	restSettle = 10 * time.Second
 	restSpan   = 30 * time.Second
-	eventTail  = 2 * time.Second
+	eventTail  = time.Second
 )
 
 // measureOpen opens n watches through p with f all at once, measures p at
@@ -85,9 +85,23 @@ type eventPath struct {
 	apiGross float64
 }
 
+// collect adds the latencies the path's watches and its control received
+// since the last collect to its run, and returns them (sorted).
+func (ep *eventPath) collect(t *testing.T) (watches, control []time.Duration) {
+	t.Helper()
+	r := ep.run
+	watches, errs := ep.watches.latencies(t)
+	r.latencies = append(r.latencies, watches...)
+	r.errorEvents += errs
+	control, _ = ep.control.latencies(t)
+	r.control = append(r.control, control...)
+	return watches, control
+}
+
 // interleavedEvents delivers deliveries events a second to each path's
 // watches for d in all, in turns: rounds rounds, each a slice of
-// d ÷ rounds per path (then eventTail for its last events), the order of
+// d ÷ rounds per path (then eventTail for its last events; any later
+// ones count at the path's next slice, or at the end), the order of
 // the paths rotating by one each round, so that whatever drifts in the API
 // server or the machine over the phase falls on every path alike. Every
 // path's watches and control stay open throughout; a slice writes only its
@@ -109,8 +123,7 @@ func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, path
 			i := (k + round) % len(paths)
 			ep := paths[i]
 			r := ep.run
-			ep.watches.latencies(t) // anything delivered before the slice
-			ep.control.latencies(t)
+			ep.collect(t) // its previous slice's latest events
 			// Each write reaches the watches of its group: opened ÷ groups.
 			perWrite := max(1, float64(ep.opened)/float64(ep.objs.groups))
 			var profiled chan error
@@ -142,14 +155,15 @@ func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, path
 					}
 				}
 			}
-			lat, errs := ep.watches.latencies(t)
-			r.latencies = append(r.latencies, lat...)
-			r.errorEvents += errs
-			c, _ := ep.control.latencies(t)
-			r.control = append(r.control, c...)
+			lat, c := ep.collect(t)
+			t.Logf("round %d, %s: %d events, latency p50 %v p99 %v; control %d events, p50 %v p99 %v", round, ep.name,
+				len(lat), quantile(lat, 0.5).Round(100*time.Microsecond), quantile(lat, 0.99).Round(100*time.Microsecond),
+				len(c), quantile(c, 0.5).Round(100*time.Microsecond), quantile(c, 0.99).Round(100*time.Microsecond))
 		}
 	}
+	time.Sleep(eventTail)
 	for i, ep := range paths {
+		ep.collect(t)
 		r := ep.run
 		slices.Sort(r.latencies)
 		slices.Sort(r.control)

@@ -34,8 +34,8 @@ import (
 //     proxy's CPU for it, then at rest RSS, Go heap in use, goroutines,
 //     upstream connections and CPU; then its watches close. Then every
 //     path opens them again, and LOAD_EVENTS (1,000) deliveries a second
-//     for LOAD_EVENT_TIME (30s) in all go to each path in turn:
-//     LOAD_EVENT_ROUNDS (6) rounds of a slice per path, the order rotating
+//     for LOAD_EVENT_TIME (60s) in all go to each path in turn:
+//     LOAD_EVENT_ROUNDS (20) rounds of a slice per path, the order rotating
 //     each round, so that the API server's and the machine's drift falls on
 //     every path alike (interleavedEvents). Each watch selects one
 //     ConfigMap of its path by name across 100 namespaces, five watches to
@@ -61,8 +61,8 @@ func TestLoad(t *testing.T) {
 	}
 	holdN := envInt("LOAD_HOLD_WATCHES", 30000)
 	events := envInt("LOAD_EVENTS", 1000)
-	eventTime := envDuration("LOAD_EVENT_TIME", 30*time.Second)
-	rounds := envInt("LOAD_EVENT_ROUNDS", 6)
+	eventTime := envDuration("LOAD_EVENT_TIME", 60*time.Second)
+	rounds := envInt("LOAD_EVENT_ROUNDS", 20)
 	if rounds < 1 || eventTime/time.Duration(rounds) < time.Second {
 		t.Fatalf("LOAD_EVENT_ROUNDS=%d: want at least 1, and LOAD_EVENT_TIME (%v) ÷ rounds at least 1s", rounds, eventTime)
 	}
