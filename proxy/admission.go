@@ -272,8 +272,12 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	}
 	if st.relayAtTop {
 		relayed = true
-		st.relay = func() {
+		st.relay = func(stream bool) {
 			defer end()
+			if !stream {
+				_ = ws.body.Close()
+				return
+			}
 			ws.relay(w, r)
 		}
 		return

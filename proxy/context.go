@@ -25,9 +25,11 @@ type requestState struct {
 	// relayAtTop is set by withRelayAtTop, the chain's first filter: an
 	// admitted watch then leaves its stream's relay, and the end of the
 	// watch, in relay for that filter to run once every filter below it
-	// has returned.
+	// has returned: relay(true) relays the stream, then ends the watch;
+	// relay(false), for a filter that panicked on the way back, closes the
+	// stream unrelayed and ends the watch.
 	relayAtTop bool
-	relay      func()
+	relay      func(stream bool)
 }
 
 type requestStateKey struct{}

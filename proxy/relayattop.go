@@ -29,10 +29,18 @@ func withRelayAtTop(next http.Handler) http.Handler {
 		growStack()
 		st, r := stateOf(r)
 		st.relayAtTop = true
+		defer func() {
+			// A filter panicked after admitting the watch: its end still
+			// runs (its slot, its place in the guard, its followers).
+			if relay := st.relay; relay != nil {
+				st.relay = nil
+				relay(false)
+			}
+		}()
 		next.ServeHTTP(w, r)
 		if relay := st.relay; relay != nil {
 			st.relay = nil
-			relay()
+			relay(true)
 		}
 	})
 }
