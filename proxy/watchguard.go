@@ -15,12 +15,12 @@ import (
 
 const (
 	// watchMemoryBytes is the memory MaxWatchesFor gives each open watch:
-	// an idle watch holds about 14 KiB of Go heap and 4 KiB of goroutine
-	// stack in the proxy, 20–21 KiB of RSS (make load, HTTP/2 on both
+	// an idle watch holds 13–14 KiB of Go heap and 4 KiB of goroutine
+	// stack in the proxy, 19–21 KiB of RSS (make load, HTTP/2 on both
 	// hops), and a 1 GiB replica held 30,000 opened at once, and 1% of
-	// them reopened each second, with no refusal and RSS at most 931 MiB.
+	// them reopened each second, with no refusal and RSS at most 928 MiB.
 	// 26 KiB leaves room over the memory the guard counts (live memory,
-	// 16–18 KiB a watch) for the heap's growth between collections, and
+	// 15–17 KiB a watch) for the heap's growth between collections, and
 	// keeps a full replica under the guard's mark at 512Mi, 1Gi and 2Gi
 	// limits, so that it answers 429 MaxWatches rather than 503.
 	watchMemoryBytes = 26 << 10
