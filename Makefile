@@ -80,7 +80,7 @@ LOAD_EVENT_TIME ?= 60s
 LOAD_EVENT_ROUNDS ?= 20
 LOAD_PROFILE_DIR ?=
 .PHONY: load
-load: build ## Load run (~20 min at 10,000 watches, ~40 at LOAD_WATCHES=50000; not in `make test`): watchgate vs a bare proxy side by side, opening, idle and event delivery; a 1 GiB replica held at LOAD_HOLD_WATCHES; profiles into LOAD_PROFILE_DIR; writes BENCHMARKS.md.
+load: build ## Load run (~10 min at 10,000 watches, ~15 at LOAD_WATCHES=50000; not in `make test`): watchgate vs a bare proxy side by side, opening, idle and event delivery; a 1 GiB replica held at LOAD_HOLD_WATCHES; profiles into LOAD_PROFILE_DIR; writes BENCHMARKS.md.
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets LOAD_WATCHES=$(LOAD_WATCHES) LOAD_HOLD=$(LOAD_HOLD) \
 		LOAD_HOLD_WATCHES=$(LOAD_HOLD_WATCHES) LOAD_EVENTS=$(LOAD_EVENTS) LOAD_EVENT_TIME=$(LOAD_EVENT_TIME) LOAD_EVENT_ROUNDS=$(LOAD_EVENT_ROUNDS) LOAD_PROFILE_DIR=$(if $(LOAD_PROFILE_DIR),$(abspath $(LOAD_PROFILE_DIR))) \
 		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 90m -run '^TestLoad$$' -v ./test/e2e/
