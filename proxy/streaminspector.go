@@ -278,44 +278,12 @@ func (s *streamInspector) writeJSON(p []byte) {
 	i := 0
 	for i < len(p) {
 		if inString {
-			// Short strings by hand, long ones with IndexByte.
-			k := i
-			for end := min(len(p), i+32); k < end; k++ {
-				c := p[k]
-				if escaped {
-					escaped = false
-					continue
-				}
-				if c == '\\' {
-					escaped = true
-				} else if c == '"' {
-					break
-				}
+			var closed bool
+			i, closed, escaped = stringEnd(p, i, escaped)
+			if !closed {
+				continue // the string goes on in the next chunk
 			}
-			if k < len(p) && k < i+32 && p[k] == '"' && !escaped {
-				inString, i = false, k+1
-				if depth == 0 {
-					goto frameEnd
-				}
-				continue
-			}
-			i = k
-			if k == len(p) || escaped {
-				continue
-			}
-			j := bytes.IndexByte(p[i:], '"')
-			if j < 0 {
-				// The string goes on in the next chunk; a trailing odd run
-				// of backslashes escapes its first byte.
-				escaped = oddBackslashes(p[i:])
-				i = len(p)
-				continue
-			}
-			if oddBackslashes(p[i : i+j]) {
-				i += j + 1 // an escaped quote
-				continue
-			}
-			inString, i = false, i+j+1
+			inString = false
 			if depth == 0 {
 				goto frameEnd
 			}
@@ -400,6 +368,52 @@ func (s *streamInspector) writeJSON(p []byte) {
 	}
 }
 
+// stringEnd scans a JSON string from p[i], the byte after its opening
+// quote or a later one (escaped: p[i] follows a backslash), and returns
+// the index just past its closing quote and true, or len(p), false and
+// whether p's last byte is an unpaired backslash. Its first 16 bytes go
+// byte by byte (most strings, keys above all, end there); the rest of a
+// long one by its next quote, unless a backslash comes first.
+func stringEnd(p []byte, i int, escaped bool) (int, bool, bool) {
+	for i < len(p) {
+		if escaped {
+			escaped = false
+			i++
+			continue
+		}
+		for end := min(len(p), i+16); i < end; i++ {
+			if c := p[i]; c == '"' {
+				return i + 1, true, false
+			} else if c == '\\' {
+				break
+			}
+		}
+		if i == len(p) {
+			break
+		}
+		if p[i] == '\\' {
+			escaped = true
+			i++
+			continue
+		}
+		j := bytes.IndexByte(p[i:], '"')
+		span := p[i:]
+		if j >= 0 {
+			span = span[:j]
+		}
+		if k := bytes.IndexByte(span, '\\'); k >= 0 {
+			escaped = true
+			i += k + 1
+			continue
+		}
+		if j < 0 {
+			return len(p), false, false
+		}
+		return i + j + 1, true, false
+	}
+	return len(p), false, escaped
+}
+
 // jsonStructural marks the bytes that matter inside an object or array,
 // outside strings.
 var jsonStructural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
@@ -413,15 +427,6 @@ func (s *streamInspector) endJSONFrame(p []byte, start, end int) bool {
 	}
 	s.frameEnded(p[start:end])
 	return !s.off
-}
-
-// oddBackslashes reports whether b ends with an odd run of backslashes.
-func oddBackslashes(b []byte) bool {
-	n := 0
-	for i := len(b) - 1; i >= 0 && b[i] == '\\'; i-- {
-		n++
-	}
-	return n%2 == 1
 }
 
 // writeLengthPrefixed frames a length-delimited stream.

@@ -121,10 +121,12 @@ func TestInspectorFindsErrorEventsAsTheFullDecodeDoes(t *testing.T) {
 		"ERROR as a nested type":   `{"type":"MODIFIED","object":{"kind":"Event","apiVersion":"v1","type":"ERROR"}}`,
 		"null between":             `null {"type":"ERROR","object":` + gone + `}`,
 		"backslashes before quote": `{"type":"ADDED","object":{"a":"\\\\","b":"\\\""}}{"type":"ERROR","object":` + gone + `}`,
+		"long strings, escapes past 16 bytes": `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"k":"` + strings.Repeat("x", 40) +
+			`\"}{\\` + strings.Repeat("y", 40) + `\\\\\"ERROR\"` + strings.Repeat("z", 17) + `\\"}}}` + "\n" + `{"type":"ERROR","object":` + gone + `}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			want, _ := referenceErrors(t, jsonWatchType, []byte(stream))
-			for _, chunks := range [][]int{nil, {1}, {2, 3}, {7}} {
+			for _, chunks := range [][]int{nil, {1}, {2, 3}, {7}, {16, 17}, {41}, {42}} {
 				sink, _ := inspect(t, jsonWatchType, []byte(stream), chunks)
 				if !slices.Equal(sink.errors, want) {
 					t.Errorf("chunks %v: inspector found errors %v, the full decode %v", chunks, sink.errors, want)
