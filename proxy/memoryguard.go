@@ -45,9 +45,10 @@ type MemoryReader func() (inUse, limit uint64)
 // Under GOMEMLIMIT the collector runs as the process nears the limit, as
 // often as it must, and frees the garbage: counting garbage would refuse
 // watches whenever the collector has not yet run (above half the limit,
-// the collector lets garbage grow until the limit). What was allocated since the last collection counts at the next
-// one, which comes before the limit: watches opened at once can pass the
-// mark by what one collection cycle admits, within the limit. It costs
+// the collector lets garbage grow until the limit). What was allocated
+// since the last collection counts at the next one, which comes before the
+// limit: watches opened at once can pass the mark by what one collection
+// cycle admits, within the limit. It costs
 // about a microsecond; the guard calls it at most every 250ms.
 func RuntimeMemory() (inUse, limit uint64) {
 	s := [6]metrics.Sample{

@@ -117,7 +117,8 @@ func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, path
 	t.Helper()
 	slice := d / time.Duration(rounds)
 	api := apiServerProcess(t, e)
-	var span, busy [3]float64
+	// Per path, over its slices: seconds, machine CPU busy, its proxy's CPU.
+	span, busy, gross := make([]float64, len(paths)), make([]float64, len(paths)), make([]float64, len(paths))
 	for round := range rounds {
 		for k := range paths {
 			i := (k + round) % len(paths)
@@ -142,7 +143,7 @@ func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, path
 			w, failed := ep.objs.write(ctx, e.Clientset, float64(deliveries)/perWrite, slice)
 			time.Sleep(eventTail)
 			elapsed := time.Since(t0).Seconds()
-			r.eventCPUGross += ep.p.cpu() - c0
+			gross[i] += ep.p.cpu() - c0
 			ep.apiGross += api.cpu() - a0
 			busy[i] += (readCPU(nil)["machine"] - m0).Seconds()
 			span[i] += elapsed
@@ -168,11 +169,9 @@ func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, path
 		slices.Sort(r.latencies)
 		slices.Sort(r.control)
 		r.eventBusy = busy[i] / span[i] / float64(runtime.NumCPU())
-		gross := r.eventCPUGross
-		r.eventCPUGross = 0
 		if n := float64(len(r.latencies)); n > 0 {
-			r.eventCPU = (gross - r.restCPU*span[i]) / n
-			r.eventCPUGross = gross / n
+			r.eventCPU = (gross[i] - r.restCPU*span[i]) / n
+			r.eventCPUGross = gross[i] / n
 			r.apiEventCPU = ep.apiGross / n
 		}
 		_, r.ended = ep.watches.held(t)
