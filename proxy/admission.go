@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -109,7 +109,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 						a.guard.release(caller)
 					}
 					a.notForwarded(&d, lead)
-					a.warnGuard(w, a.clock.Now(), caller, GuardWatchOpenRate, nil, retryAfterSeconds(wait))
+					a.warnGuard(w, a.clock.Now(), caller, GuardWatchOpenRate, nil, answer.RetryAfterSeconds(wait))
 					a.opens.refuse(w, r, wait)
 					return
 				}
@@ -177,7 +177,7 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classifica
 	decision := decisionLabel(d)
 	requestsTotal.WithLabelValues(verb, decision, string(d.Reason), d.Budget, string(d.Enforcement)).Inc()
 	if d.Budget != "" {
-		w.Header().Set(DecisionHeader, decisionHeader(d))
+		w.Header().Set(answer.DecisionHeader, decisionHeader(d))
 	}
 	a.warn(w, start, id.GetName(), c.Verb, &d)
 	if d.Reason != ratelimit.ReasonNone {
@@ -197,10 +197,10 @@ func (a *admission) reject(w http.ResponseWriter, r *http.Request, c *classifica
 		return // the client left
 	}
 	if d.Reason == ratelimit.ReasonStaleResourceVersion && c.Verb == ratelimit.VerbWatch {
-		writeTooOld(w, r, c.ResourceVersion)
+		answer.WriteTooOld(w, r, c.ResourceVersion)
 		return
 	}
-	writeStatus(w, r, tooManyRequests(*d))
+	answer.WriteStatus(w, r, tooManyRequests(*d))
 }
 
 // Children of the request metrics that every request would otherwise look
@@ -259,7 +259,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 		}
 	}()
 	if !a.watches.add(ws) {
-		writeStatus(w, r, serviceUnavailable(shuttingDownMessage, 1))
+		answer.WriteStatus(w, r, answer.ServiceUnavailable(answer.ShuttingDownMessage, 1))
 		return
 	}
 	added = true
@@ -311,12 +311,8 @@ func (a *admission) delay(ctx context.Context, retryAfter time.Duration) bool {
 // tooManyRequests is the 429 Status of a rejection, with
 // details.retryAfterSeconds (at least 1).
 func tooManyRequests(d ratelimit.Decision) *apierrors.StatusError {
-	secs := retryAfterSeconds(d.RetryAfter)
+	secs := answer.RetryAfterSeconds(d.RetryAfter)
 	return apierrors.NewTooManyRequests(fmt.Sprintf("%s (watchgate budget %q), please try again in %ds", d.Reason.Text(), d.Budget, secs), secs)
-}
-
-func retryAfterSeconds(d time.Duration) int {
-	return max(1, int(math.Ceil(d.Seconds())))
 }
 
 func verbLabel(v ratelimit.Verb) string {
@@ -345,7 +341,7 @@ func decisionLabel(d ratelimit.Decision) string {
 func decisionHeader(d ratelimit.Decision) string {
 	retryAfter := 0
 	if !d.Allowed && d.Reason != ratelimit.ReasonStaleResourceVersion {
-		retryAfter = retryAfterSeconds(d.RetryAfter)
+		retryAfter = answer.RetryAfterSeconds(d.RetryAfter)
 	}
-	return formatDecision(decisionLabel(d), string(d.Reason), d.Budget, retryAfter)
+	return answer.FormatDecision(decisionLabel(d), string(d.Reason), d.Budget, retryAfter)
 }

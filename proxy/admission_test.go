@@ -17,6 +17,7 @@ import (
 	restclientwatch "k8s.io/client-go/rest/watch"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -67,9 +68,9 @@ func TestAdmissionAnswers(t *testing.T) {
 			}))
 			start := time.Now()
 			resp, body := get(t, px, "alice", tc.url)
-			if forwarded != tc.wantForwarded || resp.StatusCode != tc.wantCode || resp.Header.Get(DecisionHeader) != tc.wantHeader {
-				t.Fatalf("forwarded %v, HTTP %d, %s %q; want %v, %d, %q (body %s)", forwarded, resp.StatusCode, DecisionHeader,
-					resp.Header.Get(DecisionHeader), tc.wantForwarded, tc.wantCode, tc.wantHeader, body)
+			if forwarded != tc.wantForwarded || resp.StatusCode != tc.wantCode || resp.Header.Get(answer.DecisionHeader) != tc.wantHeader {
+				t.Fatalf("forwarded %v, HTTP %d, %s %q; want %v, %d, %q (body %s)", forwarded, resp.StatusCode, answer.DecisionHeader,
+					resp.Header.Get(answer.DecisionHeader), tc.wantForwarded, tc.wantCode, tc.wantHeader, body)
 			}
 			if elapsed := time.Since(start); elapsed < tc.wantMinDelay {
 				t.Errorf("answered after %v, want at least %v", elapsed, tc.wantMinDelay)
@@ -97,8 +98,8 @@ func TestRequestsOutsideBudgetsAreNotDecided(t *testing.T) {
 	engine := &fakeEngine{}
 	px := newTestProxy(t, engine, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	for _, path := range []string{"/api/v1/namespaces/ns/pods/p", "/version", "/api/v1/namespaces/ns/pods/p/log"} {
-		if resp, _ := get(t, px, "alice", path); resp.StatusCode != 200 || resp.Header.Get(DecisionHeader) != "" {
-			t.Errorf("%s: HTTP %d, header %q", path, resp.StatusCode, resp.Header.Get(DecisionHeader))
+		if resp, _ := get(t, px, "alice", path); resp.StatusCode != 200 || resp.Header.Get(answer.DecisionHeader) != "" {
+			t.Errorf("%s: HTTP %d, header %q", path, resp.StatusCode, resp.Header.Get(answer.DecisionHeader))
 		}
 	}
 	if reqs, _, _ := engine.snapshot(); len(reqs) != 0 {
@@ -120,7 +121,7 @@ func TestTooOldAnswerInTheClientsFraming(t *testing.T) {
 				req.Header.Set("Accept", accept)
 			}
 			rec := httptest.NewRecorder()
-			writeTooOld(rec, req, "42")
+			answer.WriteTooOld(rec, req, "42")
 			if rec.Code != 200 || rec.Header().Get("Content-Type") != wantType {
 				t.Fatalf("HTTP %d %q, want 200 %q", rec.Code, rec.Header().Get("Content-Type"), wantType)
 			}
@@ -129,7 +130,7 @@ func TestTooOldAnswerInTheClientsFraming(t *testing.T) {
 				t.Fatal("no decoder for the answer's content type")
 			}
 			dec := restclientwatch.NewDecoder(streaming.NewDecoder(info.Framer.NewFrameReader(readCloser{bytes.NewReader(rec.Body.Bytes())}), info.Serializer),
-				metaCodecs.UniversalDeserializer())
+				answer.MetaCodecs.UniversalDeserializer())
 			typ, obj, err := dec.Decode()
 			if err != nil {
 				t.Fatal(err)

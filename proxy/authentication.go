@@ -22,6 +22,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 )
 
 // maxTokenBytes bounds a bearer token; longer ones are rejected unreviewed.
@@ -101,11 +103,11 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 		switch {
 		case errors.Is(err, errAmbiguousCredentials):
 			credentialsRefused.WithLabelValues("ambiguous").Inc()
-			writeStatus(w, r, apierrors.NewBadRequest("the request's credential headers could be read in more than one way "+
+			answer.WriteStatus(w, r, apierrors.NewBadRequest("the request's credential headers could be read in more than one way "+
 				"(a bearer token and a WebSocket token, or a Connection header naming a credential header)"))
 			return
 		case err != nil:
-			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
+			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
 		ctx := withReviewRequester(r.Context(), clientPrefix(r))
@@ -119,7 +121,7 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 			}
 			return
 		case !ok || resp == nil || resp.User == nil:
-			writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
+			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
 		st, r := stateOf(r)
@@ -164,7 +166,7 @@ var (
 func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k reviewKind, err error, log *sampledLogger, keysAndValues ...any) (forward bool) {
 	switch {
 	case errors.Is(err, errReviewsThrottled):
-		writeStatus(w, r, apierrors.NewTooManyRequests(k.throttled, 1))
+		answer.WriteStatus(w, r, apierrors.NewTooManyRequests(k.throttled, 1))
 		return false
 	case r.Context().Err() != nil:
 		return false // the client left
@@ -174,7 +176,7 @@ func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k re
 		return true
 	default:
 		log.Info(k.failClosed, append(keysAndValues, "err", err.Error())...)
-		writeStatus(w, r, serviceUnavailable(k.unavailable+" is unavailable, please try again later", 1))
+		answer.WriteStatus(w, r, answer.ServiceUnavailable(k.unavailable+" is unavailable, please try again later", 1))
 		return false
 	}
 }

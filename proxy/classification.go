@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -232,7 +233,7 @@ func withClassification(f *request.RequestInfoFactory, logs *sampledLogger, next
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _, err := classify(f, r, logs)
 		if err != nil {
-			writeStatus(w, r, apierrors.NewBadRequest("malformed request path"))
+			answer.WriteStatus(w, r, apierrors.NewBadRequest("malformed request path"))
 			return
 		}
 		st, r := stateOf(r)

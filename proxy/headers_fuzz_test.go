@@ -19,6 +19,8 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
 	"k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 )
 
 // FuzzCredentialHeaders checks the proxy's reading of the Authorization,
@@ -140,7 +142,7 @@ func kubeImpersonation(h http.Header) (user.Info, int) {
 	var served user.Info
 	handler := impersonation.WithImpersonation(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served, _ = request.UserFrom(r.Context())
-	}), allowAll, metaCodecs)
+	}), allowAll, answer.MetaCodecs)
 	req := httptest.NewRequest(http.MethodGet, "/api", nil)
 	req.Header = h
 	rec := httptest.NewRecorder()

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -57,7 +58,7 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 		}
 		target, checks, err := impersonationRequest(caller, r.Header)
 		if err != nil {
-			writeStatus(w, r, apierrors.NewBadRequest(err.Error()))
+			answer.WriteStatus(w, r, apierrors.NewBadRequest(err.Error()))
 			return
 		}
 		c, ok := classificationFrom(r.Context())

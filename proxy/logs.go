@@ -6,8 +6,17 @@ import (
 	"sync/atomic"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
+
+var logsSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "watchgate_proxy_logs_suppressed_total",
+	Help: "Decision and error log lines dropped by the proxy's log rate limit.",
+})
+
+func init() { metrics.Registry.MustRegister(logsSuppressed) }
 
 // sampledLogger logs at most a few lines per second, so that a storm of
 // requests does not become a storm of logs. Lines dropped in between are
@@ -49,4 +58,13 @@ func boundedForLog(s string) string {
 		return s
 	}
 	return fmt.Sprintf("%s…(%d more bytes)", strings.ToValidUTF8(s[:maxLoggedValueBytes], ""), len(s)-maxLoggedValueBytes)
+}
+
+// logWriter turns the standard library's log lines (http.Server,
+// ReverseProxy) into sampled logr lines.
+type logWriter struct{ logs *sampledLogger }
+
+func (l logWriter) Write(p []byte) (int, error) {
+	l.logs.Info("HTTP", "message", strings.TrimSpace(string(p)))
+	return len(p), nil
 }

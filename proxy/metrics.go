@@ -74,15 +74,10 @@ var (
 		Name: "watchgate_proxy_gzip_held_bytes",
 		Help: "Compressed bytes held across gzip-encoded watch streams: each stream's last member, inflated only if the stream ends there.",
 	}, func() float64 { return float64(heldGzipBudget.inUse()) })
-
-	logsSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "watchgate_proxy_logs_suppressed_total",
-		Help: "Decision and error log lines dropped by the proxy's log rate limit.",
-	})
 )
 
 func init() {
 	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesCoalesced,
-		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled, logsSuppressed,
+		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled,
 		gzipWatchBytes, gzipInspectionsStopped, gzipHeldBytes)
 }

@@ -8,6 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 )
 
 // MaxInspectedFrameBytes is the largest watch event, in bytes of its frame,
@@ -188,7 +190,7 @@ func (s *streamInspector) event(frame []byte) {
 		s.sink.sawEvent()
 		return
 	}
-	obj, err := runtime.Decode(metaCodecs.UniversalDeserializer(), ev.Object.Raw)
+	obj, err := runtime.Decode(answer.MetaCodecs.UniversalDeserializer(), ev.Object.Raw)
 	if err != nil {
 		obj = nil
 	}

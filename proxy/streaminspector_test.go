@@ -20,6 +20,7 @@ import (
 	restclientwatch "k8s.io/client-go/rest/watch"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -35,7 +36,7 @@ func referenceStreamInfo(contentType string) (k8sruntime.StreamSerializerInfo, b
 	if err != nil {
 		return k8sruntime.StreamSerializerInfo{}, false
 	}
-	info, ok := k8sruntime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), mediaType)
+	info, ok := k8sruntime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), mediaType)
 	if !ok || info.StreamSerializer == nil {
 		return k8sruntime.StreamSerializerInfo{}, false
 	}
@@ -58,7 +59,7 @@ func referenceErrors(t testing.TB, contentType string, data []byte) (codes []int
 			return codes, errors.Is(err, io.EOF)
 		}
 		if ev.Type == string(watch.Error) {
-			codes = append(codes, statusCode(k8sruntime.Decode(metaCodecs.UniversalDeserializer(), ev.Object.Raw)))
+			codes = append(codes, statusCode(k8sruntime.Decode(answer.MetaCodecs.UniversalDeserializer(), ev.Object.Raw)))
 		}
 	}
 }
@@ -305,9 +306,9 @@ func TestProtobufEventTypeIsReadWithoutDecoding(t *testing.T) {
 	}
 	errorInData := apierrors.NewBadRequest("ERROR ERROR ERROR").Status()
 	var withErrorText bytes.Buffer
-	info, _ := k8sruntime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), k8sruntime.ContentTypeProtobuf)
+	info, _ := k8sruntime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), k8sruntime.ContentTypeProtobuf)
 	enc := restclientwatch.NewEncoder(streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&withErrorText), info.StreamSerializer.Serializer),
-		metaCodecs.EncoderForVersion(info.Serializer, statusVersion))
+		answer.MetaCodecs.EncoderForVersion(info.Serializer, answer.StatusVersion))
 	if err := enc.Encode(&watch.Event{Type: watch.Added, Object: &errorInData}); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -94,28 +95,28 @@ func isTopPath(p string) bool {
 // either ReviewFailurePolicy), 429 beyond topReadsPerSecond.
 func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if path.Clean("/"+r.URL.Path) != topv1alpha1.Path || t.engine == nil {
-		writeStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{
+		answer.WriteStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
 			Message: "the server could not find the requested resource",
 		}})
 		return
 	}
 	if r.Method != http.MethodGet {
-		writeStatus(w, r, apierrors.NewMethodNotSupported(topResource, r.Method))
+		answer.WriteStatus(w, r, apierrors.NewMethodNotSupported(topResource, r.Method))
 		return
 	}
 	caller, ok := callerFrom(r.Context())
 	if !ok {
-		writeStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
+		answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 		return
 	}
 	if isUnreviewed(caller) {
-		writeStatus(w, r, serviceUnavailable("authentication is unavailable, please try again later", 1))
+		answer.WriteStatus(w, r, answer.ServiceUnavailable("authentication is unavailable, please try again later", 1))
 		return
 	}
 	q, err := parseTopQuery(r)
 	if err != nil {
-		writeStatus(w, r, apierrors.NewBadRequest(err.Error()))
+		answer.WriteStatus(w, r, apierrors.NewBadRequest(err.Error()))
 		return
 	}
 	decision, _, err := t.access.Authorize(r.Context(), &authorizer.AttributesRecord{
@@ -127,13 +128,13 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		FailClosed.failed(w, r, accessReview, err, t.log, "caller", boundedForLog(caller.GetName()))
 		return
 	case decision != authorizer.DecisionAllow:
-		writeStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf(
+		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf(
 			"User %q cannot get resource \"watchbudgets/status\" in API group %q at the cluster scope", caller.GetName(), topResource.Group)))
 		return
 	}
 	if wait, ok := t.reads.Allow(t.clock.Now(), caller.GetName()); !ok {
-		secs := retryAfterSeconds(wait)
-		writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf("too many reads of the top endpoint on this replica, please try again in %ds", secs), secs))
+		secs := answer.RetryAfterSeconds(wait)
+		answer.WriteStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf("too many reads of the top endpoint on this replica, please try again in %ds", secs), secs))
 		return
 	}
 	report := t.report(q)

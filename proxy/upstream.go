@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 )
 
 // Flow control of the upstream HTTP/2 connections. The proxy reads a
@@ -229,12 +230,12 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 			}
 			switch {
 			case stopped:
-				writeStatus(w, r, serviceUnavailable(shuttingDownMessage, 1))
+				answer.WriteStatus(w, r, answer.ServiceUnavailable(answer.ShuttingDownMessage, 1))
 			case errors.Is(err, http.ErrAbortHandler), r.Context().Err() != nil:
 				// The client left; nobody to answer.
 			default:
 				logs.Info("Cannot reach the API server", "method", r.Method, "path", boundedForLog(r.URL.Path), "err", err.Error())
-				writeStatus(w, r, serviceUnavailable("the API server is unreachable through watchgate, please try again", 1))
+				answer.WriteStatus(w, r, answer.ServiceUnavailable("the API server is unreachable through watchgate, please try again", 1))
 			}
 		},
 	}
@@ -261,13 +262,4 @@ func (copyBuffers) Put(b []byte) {
 		b = b[:copyBufferBytes]
 		copyBufferPool.Put(&b)
 	}
-}
-
-// logWriter turns the standard library's log lines (http.Server,
-// ReverseProxy) into sampled logr lines.
-type logWriter struct{ logs *sampledLogger }
-
-func (l logWriter) Write(p []byte) (int, error) {
-	l.logs.Info("HTTP", "message", strings.TrimSpace(string(p)))
-	return len(p), nil
 }

@@ -11,6 +11,7 @@ import (
 
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -75,7 +76,7 @@ func retriedRejection(v ratelimit.Verb, d *ratelimit.Decision) *rejection {
 	if d.Allowed || (d.Reason == ratelimit.ReasonStaleResourceVersion && v == ratelimit.VerbWatch) {
 		return nil
 	}
-	return &rejection{verb: v, reason: d.Reason, retryAfterSeconds: retryAfterSeconds(d.RetryAfter)}
+	return &rejection{verb: v, reason: d.Reason, retryAfterSeconds: answer.RetryAfterSeconds(d.RetryAfter)}
 }
 
 // warningText says, in one sentence, what the budget did to a request of
@@ -91,7 +92,7 @@ func warningText(v ratelimit.Verb, d *ratelimit.Decision) string {
 	case d.Reason == ratelimit.ReasonStaleResourceVersion && v == ratelimit.VerbWatch:
 		return fmt.Sprintf("watchgate budget %q answered this watch with 410 Expired: %s; list again, then watch from the list's resourceVersion", d.Budget, d.Reason.Text())
 	default:
-		return fmt.Sprintf("watchgate budget %q rejected this %s: %s; retry after %ds", d.Budget, verb, d.Reason.Text(), retryAfterSeconds(d.RetryAfter))
+		return fmt.Sprintf("watchgate budget %q rejected this %s: %s; retry after %ds", d.Budget, verb, d.Reason.Text(), answer.RetryAfterSeconds(d.RetryAfter))
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 )
 
 const (
@@ -242,11 +244,11 @@ func (g *watchGuard) release(caller string) {
 // high-water mark, 429 otherwise.
 func (g *watchGuard) refuse(w http.ResponseWriter, r *http.Request, reason string, s *memorySample) {
 	guardRejections.WithLabelValues(reason).Inc()
-	w.Header().Set(DecisionHeader, formatDecision("reject", reason, "", guardRetryAfterSeconds))
+	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", reason, "", guardRetryAfterSeconds))
 	var e *apierrors.StatusError
 	switch reason {
 	case GuardMemoryHighWater:
-		e = serviceUnavailable(fmt.Sprintf(
+		e = answer.ServiceUnavailable(fmt.Sprintf(
 			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
 			s.inUse>>20, s.limit>>20, guardRetryAfterSeconds), guardRetryAfterSeconds)
 	case GuardMaxWatchesPerIdentity:
@@ -262,7 +264,7 @@ func (g *watchGuard) refuse(w http.ResponseWriter, r *http.Request, reason strin
 			"watchgate forwards its maximum of %d watches on this replica, please try again in %ds",
 			g.maxWatches, guardRetryAfterSeconds), guardRetryAfterSeconds)
 	}
-	writeStatus(w, r, e)
+	answer.WriteStatus(w, r, e)
 }
 
 // refusalText says, for a Warning header, which limit a refusal for reason

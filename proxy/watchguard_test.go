@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -213,7 +214,7 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the agent's watch while alice's rejected watches wait: HTTP %d %s (%s), want 200",
-			resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+			resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 	}
 	cancel()
 }
@@ -244,7 +245,7 @@ func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the agent's watch while alice's followers wait: HTTP %d %s (%s), want 200",
-			resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+			resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 	}
 }
 
@@ -270,9 +271,9 @@ func TestWatchGuardAnswers(t *testing.T) {
 			t.Fatalf("body %q: %v", body, err)
 		}
 		if resp.StatusCode != code || s.Reason != reason || resp.Header.Get("Retry-After") != "5" || s.Details == nil ||
-			s.Details.RetryAfterSeconds != 5 || resp.Header.Get(DecisionHeader) != header || !strings.Contains(s.Message, message) {
+			s.Details.RetryAfterSeconds != 5 || resp.Header.Get(answer.DecisionHeader) != header || !strings.Contains(s.Message, message) {
 			t.Errorf("HTTP %d, Retry-After %q, %s %q, Status %+v; want %d %s, 5s, %q, a message with %q",
-				resp.StatusCode, resp.Header.Get("Retry-After"), DecisionHeader, resp.Header.Get(DecisionHeader), s, code, reason, header, message)
+				resp.StatusCode, resp.Header.Get("Retry-After"), answer.DecisionHeader, resp.Header.Get(answer.DecisionHeader), s, code, reason, header, message)
 		}
 	}
 	// Watches of different groups, so that none follows another.
@@ -323,9 +324,9 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 	inUse.Store(80 * mib) // above 90% of the 85% mark
 	clk.SetTime(clk.Now().Add(time.Second))
 	resp, body := get(t, px, "alice", "/api/v1/namespaces/a/configmaps?watch=true")
-	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get(DecisionHeader) != "reject; reason=FairShare; retry-after=5" ||
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get(answer.DecisionHeader) != "reject; reason=FairShare; retry-after=5" ||
 		resp.Header.Get("Retry-After") != "5" || !strings.Contains(string(body), "fair share") {
-		t.Errorf("alice near the memory mark: HTTP %d %q %s", resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+		t.Errorf("alice near the memory mark: HTTP %d %q %s", resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 	}
 	if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/configmaps?watch=true"); resp.StatusCode != http.StatusOK {
 		t.Errorf("the agent near the memory mark: HTTP %d, want 200", resp.StatusCode)
@@ -350,8 +351,8 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 		opens: newWatchOpenRate(0.01, 3), warnings: newWarningLimiter(warningInterval, maxWarnedIdentities)}, guardedUpstream(t, nil))
 	for i := range 5 {
 		if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=1"); resp.StatusCode != http.StatusOK ||
-			!strings.Contains(resp.Header.Get(DecisionHeader), "StaleResourceVersion") {
-			t.Fatalf("stale watch %d: HTTP %d %q, want answered locally", i+1, resp.StatusCode, resp.Header.Get(DecisionHeader))
+			!strings.Contains(resp.Header.Get(answer.DecisionHeader), "StaleResourceVersion") {
+			t.Fatalf("stale watch %d: HTTP %d %q, want answered locally", i+1, resp.StatusCode, resp.Header.Get(answer.DecisionHeader))
 		}
 	}
 	for i, impersonate := range []string{"", "", "bob"} {
@@ -360,7 +361,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 			headers = []string{"Impersonate-User", impersonate}
 		}
 		if resp, body := get(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true", headers...); resp.StatusCode != http.StatusOK {
-			t.Fatalf("the agent's watch %d of its burst of 3: HTTP %d %q %s", i+1, resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+			t.Fatalf("the agent's watch %d of its burst of 3: HTTP %d %q %s", i+1, resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 		}
 	}
 	before := counterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate))
@@ -372,9 +373,9 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 	if resp.StatusCode != http.StatusTooManyRequests || s.Reason != metav1.StatusReasonTooManyRequests || retry < 90 || retry > 100 ||
 		s.Details == nil || int(s.Details.RetryAfterSeconds) != retry ||
-		resp.Header.Get(DecisionHeader) != fmt.Sprintf("reject; reason=WatchOpenRate; retry-after=%d", retry) {
+		resp.Header.Get(answer.DecisionHeader) != fmt.Sprintf("reject; reason=WatchOpenRate; retry-after=%d", retry) {
 		t.Errorf("the agent's 4th watch, as bob: HTTP %d, Retry-After %q, %q, Status %+v; want 429 WatchOpenRate, about 100s",
-			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get(DecisionHeader), s)
+			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get(answer.DecisionHeader), s)
 	}
 	if w := resp.Header.Get("Warning"); !strings.Contains(w, "WatchOpenRate") || !strings.Contains(w, "--watch-open-burst-per-identity=3") {
 		t.Errorf("the agent's 4th watch carries Warning %q, want one naming WatchOpenRate and --watch-open-burst-per-identity=3", w)
@@ -383,7 +384,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 		t.Errorf("watchgate_proxy_guard_rejections_total{reason=WatchOpenRate} grew by %v, want 1", n)
 	}
 	if resp, body := get(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true"); resp.StatusCode != http.StatusOK {
-		t.Errorf("alice's first watch while the agent's bucket is empty: HTTP %d %q %s, want 200", resp.StatusCode, resp.Header.Get(DecisionHeader), body)
+		t.Errorf("alice's first watch while the agent's bucket is empty: HTTP %d %q %s, want 200", resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 	}
 	waitFor(t, "every guard place back", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 0 })
 	_, ended, _ := engine.snapshot()
@@ -409,8 +410,8 @@ func TestWatchOpenRateRetryAfterRoundsUp(t *testing.T) {
 		w := httptest.NewRecorder()
 		o.refuse(w, httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true", nil), wait)
 		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != want ||
-			w.Header().Get(DecisionHeader) != "reject; reason=WatchOpenRate; retry-after="+want {
-			t.Errorf("wait %v: HTTP %d, Retry-After %q, %q; want 429, %s", wait, w.Code, w.Header().Get("Retry-After"), w.Header().Get(DecisionHeader), want)
+			w.Header().Get(answer.DecisionHeader) != "reject; reason=WatchOpenRate; retry-after="+want {
+			t.Errorf("wait %v: HTTP %d, Retry-After %q, %q; want 429, %s", wait, w.Code, w.Header().Get("Retry-After"), w.Header().Get(answer.DecisionHeader), want)
 		}
 	}
 	if newWatchOpenRate(0, 300) != nil || newWatchOpenRate(30, 0) != nil {

@@ -8,6 +8,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -71,10 +72,10 @@ func (o *watchOpenRate) text() string {
 // refuse answers a watch open refused for wait with 429 and Retry-After:
 // the wait rounded up to whole seconds, at least 1.
 func (o *watchOpenRate) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration) {
-	retry := retryAfterSeconds(wait)
+	retry := answer.RetryAfterSeconds(wait)
 	guardRejections.WithLabelValues(GuardWatchOpenRate).Inc()
-	w.Header().Set(DecisionHeader, formatDecision("reject", GuardWatchOpenRate, "", retry))
-	writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
+	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", GuardWatchOpenRate, "", retry))
+	answer.WriteStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
 		"watchgate forwards at most its per-identity rate of watch opens on this replica and you opened yours, please try again in %ds",
 		retry), retry))
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -238,7 +239,7 @@ func streamFramingFor(contentType, contentEncoding string) (f framing, s runtime
 	default:
 		return 0, nil, false, false
 	}
-	info, found := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), mediaType)
+	info, found := runtime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), mediaType)
 	if !found || info.StreamSerializer == nil {
 		return 0, nil, false, false
 	}

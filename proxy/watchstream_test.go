@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	restclientwatch "k8s.io/client-go/rest/watch"
 
+	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -55,7 +56,7 @@ func jsonFrames() [][]byte {
 // protobufFrames encodes events the way kube-apiserver does: a
 // length-delimited stream of raw WatchEvents embedding enveloped objects.
 func protobufFrames(t testing.TB) [][]byte {
-	info, ok := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	info, ok := runtime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
 	if !ok {
 		t.Fatal("no protobuf serializer")
 	}
@@ -65,7 +66,7 @@ func protobufFrames(t testing.TB) [][]byte {
 	for _, ev := range []watch.Event{{Type: watch.Added, Object: okStatus}, {Type: watch.Modified, Object: okStatus}, {Type: watch.Error, Object: &gone}} {
 		var buf bytes.Buffer
 		enc := restclientwatch.NewEncoder(streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&buf), info.StreamSerializer.Serializer),
-			metaCodecs.EncoderForVersion(info.Serializer, statusVersion))
+			answer.MetaCodecs.EncoderForVersion(info.Serializer, answer.StatusVersion))
 		if err := enc.Encode(&ev); err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +203,7 @@ func TestWatchEnds(t *testing.T) {
 		} {
 			engine := &fakeEngine{}
 			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				writeStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: int32(code)}})
+				answer.WriteStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: int32(code)}})
 			}))
 			if resp, _ := get(t, px, "alice", staleWatchURL); resp.StatusCode != code {
 				t.Fatalf("HTTP %d, want the upstream's %d", resp.StatusCode, code)

@@ -1,11 +1,13 @@
-package proxy
+package answer
 
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,32 +24,32 @@ import (
 // protobuf, the way kube-apiserver does.
 var (
 	metaScheme = newMetaScheme()
-	metaCodecs = serializer.NewCodecFactory(metaScheme)
+	MetaCodecs = serializer.NewCodecFactory(metaScheme)
 	// statusVersion is the group version Status is written in ("v1").
-	statusVersion = schema.GroupVersion{Version: "v1"}
+	StatusVersion = schema.GroupVersion{Version: "v1"}
 )
 
 func newMetaScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
-	metav1.AddToGroupVersion(s, statusVersion)
+	metav1.AddToGroupVersion(s, StatusVersion)
 	return s
 }
 
 // writeStatus answers with err's Status in the media type the client accepts
 // (JSON when it accepts nothing the proxy speaks), with Retry-After when the
 // Status carries retryAfterSeconds, as kube-apiserver does.
-func writeStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusError) {
+func WriteStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusError) {
 	status := err.Status()
 	if d := status.Details; d != nil && d.RetryAfterSeconds > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(d.RetryAfterSeconds)))
 	}
-	info, ok := runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
-	if _, negotiated, nerr := negotiation.NegotiateOutputMediaType(r, metaCodecs, negotiation.DefaultEndpointRestrictions); nerr == nil {
+	info, ok := runtime.SerializerInfoForMediaType(MetaCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+	if _, negotiated, nerr := negotiation.NegotiateOutputMediaType(r, MetaCodecs, negotiation.DefaultEndpointRestrictions); nerr == nil {
 		info, ok = negotiated, true
 	}
 	var body bytes.Buffer
 	if ok {
-		if eerr := metaCodecs.EncoderForVersion(info.Serializer, statusVersion).Encode(&status, &body); eerr != nil {
+		if eerr := MetaCodecs.EncoderForVersion(info.Serializer, StatusVersion).Encode(&status, &body); eerr != nil {
 			ok = false
 		}
 	}
@@ -62,13 +64,13 @@ func writeStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusEr
 }
 
 // shuttingDownMessage answers requests that come while the proxy closes.
-const shuttingDownMessage = "watchgate is shutting down, please try again"
+const ShuttingDownMessage = "watchgate is shutting down, please try again"
 
 // serviceUnavailable is the 503 Status the proxy answers when it cannot
 // serve a request now (shutting down, near its memory limit, API server or
 // reviews unreachable), with details.retryAfterSeconds, so that
 // writeStatus adds Retry-After and client-go retries after that long.
-func serviceUnavailable(message string, retryAfterSeconds int) *apierrors.StatusError {
+func ServiceUnavailable(message string, retryAfterSeconds int) *apierrors.StatusError {
 	e := apierrors.NewServiceUnavailable(message)
 	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: int32(retryAfterSeconds)}
 	return e
@@ -85,7 +87,7 @@ const DecisionHeader = "X-Watchgate-Decision"
 
 // formatDecision is DecisionHeader's value: the decision, then the reason,
 // the budget and the retry-after in seconds, each when set.
-func formatDecision(decision, reason, budget string, retryAfterSeconds int) string {
+func FormatDecision(decision, reason, budget string, retryAfterSeconds int) string {
 	var b strings.Builder
 	b.WriteString(decision)
 	if reason != "" {
@@ -114,18 +116,18 @@ func tooOldMessage(resourceVersion string) string {
 // expired resourceVersion: HTTP 200, a watch stream in the framing the client
 // negotiated (JSON or protobuf), one ERROR event whose object is a Status
 // 410 Expired, then the end of the stream.
-func writeTooOld(w http.ResponseWriter, r *http.Request, resourceVersion string) {
-	info, err := negotiation.NegotiateOutputMediaTypeStream(r, metaCodecs, negotiation.DefaultEndpointRestrictions)
+func WriteTooOld(w http.ResponseWriter, r *http.Request, resourceVersion string) {
+	info, err := negotiation.NegotiateOutputMediaTypeStream(r, MetaCodecs, negotiation.DefaultEndpointRestrictions)
 	if err != nil {
-		info, _ = runtime.SerializerInfoForMediaType(metaCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+		info, _ = runtime.SerializerInfoForMediaType(MetaCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
 	}
 	status := apierrors.NewResourceExpired(tooOldMessage(resourceVersion)).Status()
 	var body bytes.Buffer
 	enc := restclientwatch.NewEncoder(
 		streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&body), info.StreamSerializer.Serializer),
-		metaCodecs.EncoderForVersion(info.Serializer, statusVersion))
+		MetaCodecs.EncoderForVersion(info.Serializer, StatusVersion))
 	if err := enc.Encode(&watch.Event{Type: watch.Error, Object: &status}); err != nil {
-		writeStatus(w, r, apierrors.NewInternalError(err))
+		WriteStatus(w, r, apierrors.NewInternalError(err))
 		return
 	}
 	w.Header().Set("Content-Type", watchContentType(info.MediaType))
@@ -145,4 +147,10 @@ func watchContentType(mediaType string) string {
 	default:
 		return mediaType + ";stream=watch"
 	}
+}
+
+// retryAfterSeconds is d in whole seconds for Retry-After, rounded up, at
+// least 1.
+func RetryAfterSeconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
 }
