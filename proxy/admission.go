@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -21,7 +22,7 @@ type admission struct {
 	engine  Engine
 	clock   clock.Clock
 	watches *openWatches
-	log     *sampledLogger
+	log     *sampledlog.Logger
 	// maxDelay caps the wait before a rejection is answered; delaySlots
 	// caps how many rejections wait at once.
 	maxDelay   time.Duration

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 // maxTokenBytes bounds a bearer token; longer ones are rejected unreviewed.
@@ -97,7 +98,7 @@ func isUnreviewed(u user.Info) bool { return strings.HasPrefix(u.GetName(), unre
 // spends. The Authorization
 // header is left untouched: the API server checks the token again on the
 // forwarded request.
-func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, log *sampledLogger, next http.Handler) http.Handler {
+func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, err := requestToken(r.Header)
 		switch {
@@ -163,7 +164,7 @@ var (
 // the client left, 503 with Retry-After under FailClosed. Under FailOpen
 // it answers nothing and returns true: the caller forwards the request,
 // charged as FailOpen says. keysAndValues go to the log line.
-func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k reviewKind, err error, log *sampledLogger, keysAndValues ...any) (forward bool) {
+func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k reviewKind, err error, log *sampledlog.Logger, keysAndValues ...any) (forward bool) {
 	switch {
 	case errors.Is(err, errReviewsThrottled):
 		answer.WriteStatus(w, r, apierrors.NewTooManyRequests(k.throttled, 1))

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -85,7 +86,7 @@ func newRequestInfoFactory() *request.RequestInfoFactory {
 // resource (not of a subresource) are budgeted; a watch of one object by
 // name is budgeted like a watch with fieldSelector metadata.name=<name>,
 // which is what it is.
-func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogger) (*classification, *request.RequestInfo, error) {
+func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledlog.Logger) (*classification, *request.RequestInfo, error) {
 	q := r.URL.Query()
 	info, queryOK, err := requestInfo(f, r, q, logs)
 	if err != nil {
@@ -137,7 +138,7 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledLogge
 // name). FuzzClassification checks the result against the factory's.
 //
 // queryOK is false when the query of a collection GET does not decode.
-func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, logs *sampledLogger) (info *request.RequestInfo, queryOK bool, err error) {
+func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, logs *sampledlog.Logger) (info *request.RequestInfo, queryOK bool, err error) {
 	if r.URL.RawQuery == "" {
 		info, err = f.NewRequestInfo(r)
 		return info, true, err
@@ -155,8 +156,8 @@ func requestInfo(f *request.RequestInfoFactory, r *http.Request, q url.Values, l
 		watch, name, perr := listQuery(q)
 		if perr != nil {
 			queryOK = false
-			logs.Info("Cannot parse the query of a request", "path", boundedForLog(r.URL.Path),
-				"query", boundedForLog(r.URL.RawQuery), "err", boundedForLog(perr.Error()))
+			logs.Info("Cannot parse the query of a request", "path", sampledlog.Bounded(r.URL.Path),
+				"query", sampledlog.Bounded(r.URL.RawQuery), "err", sampledlog.Bounded(perr.Error()))
 			watch, name = false, ""
 			if vals := q["watch"]; len(vals) > 0 {
 				switch strings.ToLower(vals[0]) {
@@ -229,7 +230,7 @@ func copySelectors(info *request.RequestInfo, q url.Values) {
 
 // withClassification classifies every request for the filters after it;
 // a URL it cannot make sense of gets 400 without forwarding.
-func withClassification(f *request.RequestInfoFactory, logs *sampledLogger, next http.Handler) http.Handler {
+func withClassification(f *request.RequestInfoFactory, logs *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _, err := classify(f, r, logs)
 		if err != nil {

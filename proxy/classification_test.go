@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -123,7 +124,7 @@ func FuzzClassification(f *testing.F) {
 // factory; the proxy logs it sampled and cut to maxLoggedValueBytes.
 func TestUnparsableSelectorLogIsBounded(t *testing.T) {
 	var lines []string
-	logs := newSampledLogger(funcLogger(func(msg string) { lines = append(lines, msg) }), 1000, 1000)
+	logs := sampledlog.New(funcLogger(func(msg string) { lines = append(lines, msg) }), 1000, 1000)
 	var klogged bytes.Buffer
 	klog.SetOutput(&klogged)
 	klog.LogToStderr(false)
@@ -141,7 +142,7 @@ func TestUnparsableSelectorLogIsBounded(t *testing.T) {
 	if klogged.Len() != 0 {
 		t.Errorf("klog got %d bytes from the factory, want none", klogged.Len())
 	}
-	if len(lines) != 1 || len(lines[0]) > 4*maxLoggedValueBytes {
+	if len(lines) != 1 || len(lines[0]) > 4*sampledlog.MaxValueBytes {
 		t.Errorf("proxy logged %d lines (%d bytes in all), want one bounded line", len(lines), len(strings.Join(lines, "")))
 	}
 }

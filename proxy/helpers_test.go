@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -116,7 +117,7 @@ var testAccess = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.
 	return authorizer.DecisionDeny, "", nil
 })
 
-func discardLogs() *sampledLogger { return newSampledLogger(logr.Discard(), 1000, 1000) }
+func discardLogs() *sampledlog.Logger { return sampledlog.New(logr.Discard(), 1000, 1000) }
 
 // newTestProxy serves the whole chain, with testTokens and
 // testImpersonation, in front of upstream (a plain HTTP server).

@@ -23,6 +23,7 @@ import (
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -49,7 +50,7 @@ import (
 //
 // Only the classic "impersonate" verb is checked; a caller allowed only
 // constrained impersonation is charged in its own name.
-func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, charges chargesFunc, log *sampledLogger, next http.Handler) http.Handler {
+func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller, ok := callerFrom(r.Context())
 		if !ok {

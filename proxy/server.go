@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 // Server is the proxy: an HTTPS server (HTTP/2 and HTTP/1.1) in front of
@@ -50,7 +51,7 @@ type Server struct {
 
 	// saTokens verifies service-account tokens locally; nil when off.
 	saTokens *serviceAccountTokens
-	keyLogs  *sampledLogger
+	keyLogs  *sampledlog.Logger
 	// upstreamConns counts the forwarder's connections to the API server.
 	upstreamConns *connectionCount
 	// upstream is the forwarder's transport, whose connections Start
@@ -100,9 +101,9 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, err
 	}
 
-	errorLogs := newSampledLogger(lg.WithName("http").V(1), 5, 20)
-	decisionLogs := newSampledLogger(lg.WithName("decisions"), 10, 50)
-	errorLog := log.New(logWriter{errorLogs}, "", 0)
+	errorLogs := sampledlog.New(lg.WithName("http").V(1), 5, 20)
+	decisionLogs := sampledlog.New(lg.WithName("decisions"), 10, 50)
+	errorLog := errorLogs.StdLogger()
 
 	reviewed := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()),
 		newReviewCache("token", o.TokenCacheSize,
@@ -156,7 +157,7 @@ func NewServer(opts Options) (*Server, error) {
 // what a budget decides), admit (the budget, then the replica's watch
 // guard), forward; an admitted watch's stream is relayed from the top
 // (withRelayAtTop).
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledLogger, forward http.Handler) http.Handler {
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
 	h := withAdmission(adm, forward)
 	h = withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 // serviceAccountVerdict is what local verification says about a token.
@@ -161,7 +162,7 @@ func newServiceAccountTokens(client rest.Interface, audiences []string, clk cloc
 }
 
 // run fetches the key set now and every interval on clk until ctx ends.
-func (s *serviceAccountTokens) run(ctx context.Context, clk clock.Clock, interval time.Duration, log *sampledLogger) {
+func (s *serviceAccountTokens) run(ctx context.Context, clk clock.Clock, interval time.Duration, log *sampledlog.Logger) {
 	periodic.NowAndEvery(ctx, clk, interval, func(ctx context.Context) {
 		if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
 			log.Info("Cannot fetch the service-account issuer's keys; service-account tokens are reviewed", "err", err.Error())

@@ -18,6 +18,7 @@ import (
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -56,10 +57,10 @@ type topEndpoint struct {
 	replica string
 	reads   *ratelimit.KeyRate
 	clock   clock.PassiveClock
-	log     *sampledLogger
+	log     *sampledlog.Logger
 }
 
-func newTopEndpoint(engine Engine, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledLogger) *topEndpoint {
+func newTopEndpoint(engine Engine, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledlog.Logger) *topEndpoint {
 	t := &topEndpoint{access: access, replica: replica, reads: ratelimit.NewKeyRate(topReadsPerSecond, topReadBurst, maxTopAccessAnswers), clock: clk, log: log}
 	t.engine, _ = engine.(topEngine)
 	return t
@@ -125,7 +126,7 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case err != nil:
-		FailClosed.failed(w, r, accessReview, err, t.log, "caller", boundedForLog(caller.GetName()))
+		FailClosed.failed(w, r, accessReview, err, t.log, "caller", sampledlog.Bounded(caller.GetName()))
 		return
 	case decision != authorizer.DecisionAllow:
 		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf(

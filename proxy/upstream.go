@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 // Flow control of the upstream HTTP/2 connections. The proxy reads a
@@ -197,7 +198,7 @@ var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Hos
 // 101 Switching Protocols is handled by ReverseProxy itself. An admitted
 // watch's 200 stream is wrapped to learn from it (watchBody) and relayed
 // after the reverse proxy has sent the headers (watchState.relay).
-func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledLogger) *httputil.ReverseProxy {
+func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledlog.Logger) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -234,7 +235,7 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 			case errors.Is(err, http.ErrAbortHandler), r.Context().Err() != nil:
 				// The client left; nobody to answer.
 			default:
-				logs.Info("Cannot reach the API server", "method", r.Method, "path", boundedForLog(r.URL.Path), "err", err.Error())
+				logs.Info("Cannot reach the API server", "method", r.Method, "path", sampledlog.Bounded(r.URL.Path), "err", err.Error())
 				answer.WriteStatus(w, r, answer.ServiceUnavailable("the API server is unreachable through watchgate, please try again", 1))
 			}
 		},

@@ -19,6 +19,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 const (
@@ -488,7 +490,7 @@ func (cc *watchConn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	status := f.PseudoValue("status")
 	code, err := strconv.Atoi(status)
 	if err != nil || len(status) != 3 || code < 100 {
-		return streamErr("malformed :status %q", boundedForLog(status))
+		return streamErr("malformed :status %q", sampledlog.Bounded(status))
 	}
 	if code < 200 {
 		if code == http.StatusSwitchingProtocols || f.StreamEnded() {
@@ -603,19 +605,19 @@ func encodeWatchRequestHeaders(enc *hpack.Encoder, req *http.Request) error {
 	}
 	host, err := httpguts.PunycodeHostPort(host)
 	if err != nil || !httpguts.ValidHostHeader(host) {
-		return fmt.Errorf("watchgate: invalid upstream host %q", boundedForLog(host))
+		return fmt.Errorf("watchgate: invalid upstream host %q", sampledlog.Bounded(host))
 	}
 	path := req.URL.RequestURI()
 	if !strings.HasPrefix(path, "/") {
-		return fmt.Errorf("watchgate: invalid upstream path %q", boundedForLog(path))
+		return fmt.Errorf("watchgate: invalid upstream path %q", sampledlog.Bounded(path))
 	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
-			return fmt.Errorf("watchgate: invalid header field name %q", boundedForLog(k))
+			return fmt.Errorf("watchgate: invalid header field name %q", sampledlog.Bounded(k))
 		}
 		for _, v := range vv {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return fmt.Errorf("watchgate: invalid header field value for %q", boundedForLog(k))
+				return fmt.Errorf("watchgate: invalid header field value for %q", sampledlog.Bounded(k))
 			}
 		}
 	}

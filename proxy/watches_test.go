@@ -6,6 +6,8 @@ import (
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 // Shutdown closes open watches one by one, evenly over the grace period,
@@ -51,11 +53,11 @@ func TestCloseSpread(t *testing.T) {
 
 func TestSampledLoggerCountsWhatItDrops(t *testing.T) {
 	var lines []string
-	log := newSampledLogger(funcLogger(func(msg string) { lines = append(lines, msg) }), 1e-9, 2)
+	log := sampledlog.New(funcLogger(func(msg string) { lines = append(lines, msg) }), 1e-9, 2)
 	for range 10 {
 		log.Info("storm")
 	}
-	if len(lines) != 2 || log.suppressed.Load() != 8 {
-		t.Fatalf("logged %d lines, suppressed %d; want 2, 8", len(lines), log.suppressed.Load())
+	if len(lines) != 2 || log.Suppressed.Load() != 8 {
+		t.Fatalf("logged %d lines, suppressed %d; want 2, 8", len(lines), log.Suppressed.Load())
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -32,7 +33,7 @@ import (
 type watchState struct {
 	engine   Engine
 	clock    clock.PassiveClock
-	log      *sampledLogger
+	log      *sampledlog.Logger
 	c        *classification
 	decision ratelimit.Decision
 	started  time.Time
@@ -212,7 +213,7 @@ func (ws *watchState) sawError(obj runtime.Object) {
 		ws.coalescer.observeStale(now.Sub(ws.answeredAt))
 	}
 	ws.log.Info("Learned stale resourceVersion", "group", ws.c.APIGroup, "resource", ws.c.Resource,
-		"resourceVersion", boundedForLog(rv), "message", boundedForLog(status.Message))
+		"resourceVersion", sampledlog.Bounded(rv), "message", sampledlog.Bounded(status.Message))
 }
 
 // streamFramingFor returns how a watch stream of the given Content-Type

@@ -1,7 +1,8 @@
-package proxy
+package sampledlog
 
 import (
 	"fmt"
+	"log"
 	"strings"
 	"sync/atomic"
 
@@ -18,53 +19,56 @@ var logsSuppressed = prometheus.NewCounter(prometheus.CounterOpts{
 
 func init() { metrics.Registry.MustRegister(logsSuppressed) }
 
-// sampledLogger logs at most a few lines per second, so that a storm of
+// Logger logs at most a few lines per second, so that a storm of
 // requests does not become a storm of logs. Lines dropped in between are
 // counted (watchgate_proxy_logs_suppressed_total) and the next line that
 // gets through says how many were dropped. Filters log here because a
 // handler has no caller to return an error to.
-type sampledLogger struct {
+type Logger struct {
 	log        logr.Logger
 	limiter    *rate.Limiter
-	suppressed atomic.Int64
+	Suppressed atomic.Int64
 }
 
-// newSampledLogger lets perSecond lines through per second, burst at once.
-func newSampledLogger(log logr.Logger, perSecond float64, burst int) *sampledLogger {
-	return &sampledLogger{log: log, limiter: rate.NewLimiter(rate.Limit(perSecond), burst)}
+// New lets perSecond lines through per second, burst at once.
+func New(log logr.Logger, perSecond float64, burst int) *Logger {
+	return &Logger{log: log, limiter: rate.NewLimiter(rate.Limit(perSecond), burst)}
 }
 
 // Info logs msg unless the rate is spent.
-func (s *sampledLogger) Info(msg string, keysAndValues ...any) {
+func (s *Logger) Info(msg string, keysAndValues ...any) {
 	if !s.limiter.Allow() {
-		s.suppressed.Add(1)
+		s.Suppressed.Add(1)
 		logsSuppressed.Inc()
 		return
 	}
-	if n := s.suppressed.Swap(0); n > 0 {
+	if n := s.Suppressed.Swap(0); n > 0 {
 		keysAndValues = append(keysAndValues, "suppressedSinceLast", n)
 	}
 	s.log.Info(msg, keysAndValues...)
 }
 
-// maxLoggedValueBytes bounds a caller-chosen string in a log line.
-const maxLoggedValueBytes = 256
+// MaxValueBytes bounds a caller-chosen string in a log line.
+const MaxValueBytes = 256
 
-// boundedForLog returns s, cut to maxLoggedValueBytes with the number of
+// Bounded returns s, cut to MaxValueBytes with the number of
 // bytes left out, so that a caller cannot make a log line as large as its
 // request.
-func boundedForLog(s string) string {
-	if len(s) <= maxLoggedValueBytes {
+func Bounded(s string) string {
+	if len(s) <= MaxValueBytes {
 		return s
 	}
-	return fmt.Sprintf("%s…(%d more bytes)", strings.ToValidUTF8(s[:maxLoggedValueBytes], ""), len(s)-maxLoggedValueBytes)
+	return fmt.Sprintf("%s…(%d more bytes)", strings.ToValidUTF8(s[:MaxValueBytes], ""), len(s)-MaxValueBytes)
 }
 
-// logWriter turns the standard library's log lines (http.Server,
-// ReverseProxy) into sampled logr lines.
-type logWriter struct{ logs *sampledLogger }
+// StdLogger is a standard library logger (for http.Server's and
+// ReverseProxy's ErrorLog) whose lines go to s.
+func (s *Logger) StdLogger() *log.Logger { return log.New(writer{s}, "", 0) }
 
-func (l logWriter) Write(p []byte) (int, error) {
+// writer turns the standard library's log lines into sampled logr lines.
+type writer struct{ logs *Logger }
+
+func (l writer) Write(p []byte) (int, error) {
 	l.logs.Info("HTTP", "message", strings.TrimSpace(string(p)))
 	return len(p), nil
 }
