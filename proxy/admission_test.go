@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -125,7 +126,7 @@ func TestTooOldAnswerInTheClientsFraming(t *testing.T) {
 			if rec.Code != 200 || rec.Header().Get("Content-Type") != wantType {
 				t.Fatalf("HTTP %d %q, want 200 %q", rec.Code, rec.Header().Get("Content-Type"), wantType)
 			}
-			info, ok := referenceStreamInfo(rec.Header().Get("Content-Type"))
+			info, ok := streamtest.ReferenceStreamInfo(rec.Header().Get("Content-Type"))
 			if !ok {
 				t.Fatal("no decoder for the answer's content type")
 			}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -24,8 +25,8 @@ func TestFollowersWaitForTheLeadersVerdict(t *testing.T) {
 		wantUpstream  int32
 		wantLocal410s int
 	}{
-		"stale: one upstream watch, every follower answered locally": {jsonFrames()[2], 1, 4},
-		"valid by an event: all go upstream":                         {jsonFrames()[0], 5, 0},
+		"stale: one upstream watch, every follower answered locally": {streamtest.JSONFrames()[2], 1, 4},
+		"valid by an event: all go upstream":                         {streamtest.JSONFrames()[0], 5, 0},
 		"valid by a quiet stream: all go upstream":                   {nil, 5, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -482,7 +483,7 @@ func TestFollowersOfALeaderThatLearntNothingAskOnce(t *testing.T) {
 				}
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(200)
-				_, _ = w.Write(jsonFrames()[2])
+				_, _ = w.Write(streamtest.JSONFrames()[2])
 			}))
 			ctx, leave := context.WithCancel(context.Background())
 			defer leave()

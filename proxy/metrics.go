@@ -55,29 +55,9 @@ var (
 		Name: "watchgate_proxy_reviews_throttled_total",
 		Help: "Reviews not sent because the review rate or concurrency limit was reached, by review (token, impersonation, access).",
 	}, []string{"review"})
-
-	gzipWatchBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_gzip_watch_bytes_total",
-		Help: "Compressed bytes of gzip-encoded watch streams by how the proxy read them, how (inflated: a copy inflated to find ERROR events; " +
-			"skipped: members followed by more of the stream, which cannot hold the ERROR event that ends a watch).",
-	}, []string{"how"})
-	gzipInflatedBytes = gzipWatchBytes.WithLabelValues("inflated")
-	gzipSkippedBytes  = gzipWatchBytes.WithLabelValues("skipped")
-
-	gzipInspectionsStopped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_gzip_inspections_stopped_total",
-		Help: "gzip-encoded watch streams whose inspection stopped, their bytes passing on unread, by reason (bound: an inflation or " +
-			"holding bound; corrupt: not gzip or a corrupt member; unverified: the member held for the stream's end was not exactly one valid gzip member).",
-	}, []string{"reason"})
-
-	gzipHeldBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "watchgate_proxy_gzip_held_bytes",
-		Help: "Compressed bytes held across gzip-encoded watch streams: each stream's last member, inflated only if the stream ends there.",
-	}, func() float64 { return float64(heldGzipBudget.inUse()) })
 )
 
 func init() {
 	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesCoalesced,
-		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled,
-		gzipWatchBytes, gzipInspectionsStopped, gzipHeldBytes)
+		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled)
 }

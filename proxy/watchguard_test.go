@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -225,7 +226,7 @@ func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	release := make(chan struct{})
 	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond,
 		guard: newWatchGuard(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
-	before := counterValue(t, watchesCoalesced)
+	before := metricstest.CounterValue(t, watchesCoalesced)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(release)
@@ -240,7 +241,7 @@ func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	}
 	// The leader is open upstream; the followers (one when they took guard
 	// places first) wait.
-	waitFor(t, "followers", func() bool { return counterValue(t, watchesCoalesced) > before })
+	waitFor(t, "followers", func() bool { return metricstest.CounterValue(t, watchesCoalesced) > before })
 	time.Sleep(50 * time.Millisecond) // let any other follower reach the guard
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
 	if resp.StatusCode != http.StatusOK {
@@ -364,7 +365,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 			t.Fatalf("the agent's watch %d of its burst of 3: HTTP %d %q %s", i+1, resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 		}
 	}
-	before := counterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate))
+	before := metricstest.CounterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate))
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true", "Impersonate-User", "bob")
 	var s metav1.Status
 	if err := json.Unmarshal(body, &s); err != nil {
@@ -380,7 +381,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 	if w := resp.Header.Get("Warning"); !strings.Contains(w, "WatchOpenRate") || !strings.Contains(w, "--watch-open-burst-per-identity=3") {
 		t.Errorf("the agent's 4th watch carries Warning %q, want one naming WatchOpenRate and --watch-open-burst-per-identity=3", w)
 	}
-	if n := counterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
+	if n := metricstest.CounterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
 		t.Errorf("watchgate_proxy_guard_rejections_total{reason=WatchOpenRate} grew by %v, want 1", n)
 	}
 	if resp, body := get(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true"); resp.StatusCode != http.StatusOK {

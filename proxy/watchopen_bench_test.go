@@ -7,17 +7,8 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 )
-
-func counterValue(tb testing.TB, c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		tb.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
 
 // BenchmarkWatchOpen opens a watch from an explicit resourceVersion and
 // closes it as soon as the headers arrive, through a bare
@@ -64,13 +55,13 @@ func BenchmarkWatchOpen(b *testing.B) {
 				_ = resp.Body.Close()
 			}
 			open() // the connection
-			held := counterValue(b, watchesCoalesced)
+			held := metricstest.CounterValue(b, watchesCoalesced)
 			b.ReportAllocs()
 			for b.Loop() {
 				open()
 			}
 			// Opens that waited for the previous open's verdict.
-			b.ReportMetric((counterValue(b, watchesCoalesced)-held)/float64(b.N), "held/op")
+			b.ReportMetric((metricstest.CounterValue(b, watchesCoalesced)-held)/float64(b.N), "held/op")
 		})
 	}
 }

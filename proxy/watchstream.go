@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
-	"mime"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
 
-	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -185,16 +183,16 @@ func (ws *watchState) handOverVerdict() {
 	}
 }
 
-// sawEvent is called for every event in the stream that is not an ERROR:
+// SawEvent is called for every event in the stream that is not an ERROR:
 // the version was valid.
-func (ws *watchState) sawEvent() {
+func (ws *watchState) SawEvent() {
 	ws.settleVerdict()
 }
 
-// sawError is called for every ERROR event in the stream with its object.
+// SawError is called for every ERROR event in the stream with its object.
 // A Status with code 410 teaches the engine that the request's
 // resourceVersion is stale, before any follower waiting on it decides.
-func (ws *watchState) sawError(obj runtime.Object) {
+func (ws *watchState) SawError(obj runtime.Object) {
 	ws.errorEvent.Store(true)
 	status, ok := obj.(*metav1.Status)
 	if !ok || status.Code != 410 {
@@ -216,40 +214,9 @@ func (ws *watchState) sawError(obj runtime.Object) {
 		"resourceVersion", sampledlog.Bounded(rv), "message", sampledlog.Bounded(status.Message))
 }
 
-// streamFramingFor returns how a watch stream of the given Content-Type
-// is framed, the serializer that decodes one event and whether the stream
-// is gzip-encoded, or false for anything but JSON and protobuf, identity
-// or gzip-encoded (the stream then passes unread).
-func streamFramingFor(contentType, contentEncoding string) (f framing, s runtime.Serializer, gzipped, ok bool) {
-	switch {
-	case contentEncoding == "" || strings.EqualFold(contentEncoding, "identity"):
-	case strings.EqualFold(contentEncoding, "gzip"):
-		gzipped = true
-	default:
-		return 0, nil, false, false
-	}
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		return 0, nil, false, false
-	}
-	switch mediaType {
-	case runtime.ContentTypeJSON:
-		f = jsonFraming
-	case runtime.ContentTypeProtobuf:
-		f = lengthPrefixedFraming
-	default:
-		return 0, nil, false, false
-	}
-	info, found := runtime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), mediaType)
-	if !found || info.StreamSerializer == nil {
-		return 0, nil, false, false
-	}
-	return f, info.StreamSerializer.Serializer, gzipped, true
-}
-
 // watchBody wraps the API server's watch response body. The bytes pass to
 // the client unchanged, chunk by chunk, as the relay (copyWatch) reads them;
-// each chunk is also shown to a streamInspector (through a gzipInspector
+// each chunk is also shown to a inspect.Stream (through a inspect.Gzip
 // that inflates a copy when the stream is gzip-encoded), in the same
 // goroutine, before Read returns. Nothing is held back and nothing runs
 // beside the stream: no goroutine, no pipe, no buffer while the watch is
@@ -257,23 +224,23 @@ func streamFramingFor(contentType, contentEncoding string) (f framing, s runtime
 type watchBody struct {
 	upstream io.ReadCloser
 	ws       *watchState
-	inspect  *streamInspector // nil when the stream is not inspected
-	inflate  *gzipInspector   // nil unless the stream is gzip-encoded
-	readErr  error            // first read error other than io.EOF
-	first    [1]byte          // the byte waitByte takes
+	inspect  *inspect.Stream // nil when the stream is not inspected
+	inflate  *inspect.Gzip   // nil unless the stream is gzip-encoded
+	readErr  error           // first read error other than io.EOF
+	first    [1]byte         // the byte waitByte takes
 	closing  sync.Once
 }
 
 func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEncoding string) *watchBody {
 	b := &watchBody{ws: ws, upstream: upstream}
-	if f, s, gzipped, ok := streamFramingFor(contentType, contentEncoding); ok {
-		b.inspect = newStreamInspector(f, s, ws)
+	if f, s, gzipped, ok := inspect.FramingFor(contentType, contentEncoding); ok {
+		b.inspect = inspect.NewStream(f, s, ws)
 		if gzipped {
 			caller := ""
 			if ws.clientCtx != nil {
 				caller = callerName(ws.clientCtx)
 			}
-			b.inflate = newGzipInspector(b.inspect, caller)
+			b.inflate = inspect.NewGzip(b.inspect, caller)
 		}
 	}
 	return b
@@ -315,18 +282,18 @@ func (b *watchBody) observe(p []byte, err error) (int, error) {
 	if len(p) > 0 {
 		switch {
 		case b.inflate != nil:
-			b.inflate.write(p)
+			b.inflate.Write(p)
 		case b.inspect != nil:
-			b.inspect.write(p)
+			b.inspect.Write(p)
 		}
 	}
 	if err != nil && b.inflate != nil {
 		if b.ws.clientGone() {
 			// Cut by the client or the proxy, perhaps at a moment the
 			// client chose: what the gzip inspector holds is not read.
-			b.inflate.release()
+			b.inflate.Release()
 		} else {
-			b.inflate.finish()
+			b.inflate.Finish()
 		}
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -345,10 +312,10 @@ func (b *watchBody) Close() error {
 	b.closing.Do(func() {
 		err = b.upstream.Close()
 		if b.inflate != nil {
-			b.inflate.release()
+			b.inflate.Release()
 		}
 		if b.inspect != nil {
-			b.inspect.release()
+			b.inspect.Release()
 		}
 	})
 	return err

@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	restclientwatch "k8s.io/client-go/rest/watch"
 	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 )
 
 // benchEvents is a JSON watch stream of n MODIFIED events of ~1.2 KiB
@@ -71,14 +73,14 @@ func benchProtobufEvents(tb testing.TB, n int) []byte {
 //
 //	go test -run '^$' -bench BenchmarkWatchBodyRead -benchmem ./proxy/
 func BenchmarkWatchBodyRead(b *testing.B) {
-	streams := map[string][]byte{jsonWatchType: benchEvents(3000), protobufWatchType: benchProtobufEvents(b, 3000)}
+	streams := map[string][]byte{streamtest.JSONWatchType: benchEvents(3000), streamtest.ProtobufWatchType: benchProtobufEvents(b, 3000)}
 	buf := make([]byte, 32<<10)
 	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs()}
 	for _, mode := range []string{"plain", "inspected", "fullDecode", "protobuf/plain", "protobuf/inspected"} {
 		b.Run(mode, func(b *testing.B) {
-			contentType := jsonWatchType
+			contentType := streamtest.JSONWatchType
 			if strings.HasPrefix(mode, "protobuf/") {
-				contentType = protobufWatchType
+				contentType = streamtest.ProtobufWatchType
 			}
 			stream := streams[contentType]
 			b.SetBytes(int64(len(stream)))
@@ -87,7 +89,7 @@ func BenchmarkWatchBodyRead(b *testing.B) {
 				src := io.NopCloser(bytes.NewReader(stream))
 				switch mode {
 				case "fullDecode":
-					info, _ := referenceStreamInfo(jsonWatchType)
+					info, _ := streamtest.ReferenceStreamInfo(streamtest.JSONWatchType)
 					pr, pw := io.Pipe()
 					done := make(chan struct{})
 					go func() {

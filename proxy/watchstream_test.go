@@ -12,12 +12,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
-	"k8s.io/apimachinery/pkg/watch"
-	restclientwatch "k8s.io/client-go/rest/watch"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -45,36 +42,6 @@ func streamingUpstream(t *testing.T, contentType string, frames [][]byte, procee
 	})
 }
 
-func jsonFrames() [][]byte {
-	return [][]byte{
-		[]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"43"}}}` + "\n"),
-		[]byte(`{"type":"MODIFIED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"44"}}}` + "\n"),
-		[]byte(`{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 42 (50)","reason":"Expired","code":410}}` + "\n"),
-	}
-}
-
-// protobufFrames encodes events the way kube-apiserver does: a
-// length-delimited stream of raw WatchEvents embedding enveloped objects.
-func protobufFrames(t testing.TB) [][]byte {
-	info, ok := runtime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
-	if !ok {
-		t.Fatal("no protobuf serializer")
-	}
-	okStatus := &metav1.Status{Status: metav1.StatusSuccess, Code: 200}
-	gone := apierrors.NewResourceExpired("The resourceVersion for the provided watch is too old.").Status()
-	var frames [][]byte
-	for _, ev := range []watch.Event{{Type: watch.Added, Object: okStatus}, {Type: watch.Modified, Object: okStatus}, {Type: watch.Error, Object: &gone}} {
-		var buf bytes.Buffer
-		enc := restclientwatch.NewEncoder(streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&buf), info.StreamSerializer.Serializer),
-			answer.MetaCodecs.EncoderForVersion(info.Serializer, answer.StatusVersion))
-		if err := enc.Encode(&ev); err != nil {
-			t.Fatal(err)
-		}
-		frames = append(frames, buf.Bytes())
-	}
-	return frames
-}
-
 // A 410 in the stream, in JSON or protobuf, teaches the engine the stale
 // version, while every byte reaches the client unchanged and at once; the
 // watch ends once, as an error.
@@ -83,8 +50,8 @@ func TestWatchStreamLearnsStaleVersions(t *testing.T) {
 		contentType string
 		frames      [][]byte
 	}{
-		"json":     {"application/json", jsonFrames()},
-		"protobuf": {"application/vnd.kubernetes.protobuf;stream=watch", protobufFrames(t)},
+		"json":     {"application/json", streamtest.JSONFrames()},
+		"protobuf": {"application/vnd.kubernetes.protobuf;stream=watch", streamtest.ProtobufFrames(t)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			engine := &fakeEngine{}
@@ -146,7 +113,7 @@ func TestWatchEnds(t *testing.T) {
 			defer close(upstreamDone)
 			w.Header().Set("Content-Type", "application/json")
 			for {
-				_, _ = w.Write(jsonFrames()[0])
+				_, _ = w.Write(streamtest.JSONFrames()[0])
 				w.(http.Flusher).Flush()
 				select {
 				case <-r.Context().Done():
@@ -180,7 +147,7 @@ func TestWatchEnds(t *testing.T) {
 		engine := &fakeEngine{}
 		px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(jsonFrames()[0])
+			_, _ = w.Write(streamtest.JSONFrames()[0])
 			w.(http.Flusher).Flush()
 			panic(http.ErrAbortHandler)
 		}))

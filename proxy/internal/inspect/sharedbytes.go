@@ -1,8 +1,8 @@
-package proxy
+package inspect
 
 import "sync"
 
-// sharedBytes is a count of bytes that many holders share, each under a
+// SharedBytes is a count of bytes that many holders share, each under a
 // key (the caller whose watch holds them), safe for concurrent use. A take
 // succeeds while the total stays within limit and the key's bytes within
 // perKey, so that no caller can take what the replica has for everyone:
@@ -10,7 +10,7 @@ import "sync"
 //
 // Only keys that hold bytes have an entry, so it holds at most one entry
 // per holder.
-type sharedBytes struct {
+type SharedBytes struct {
 	limit, perKey int64
 
 	mu    sync.Mutex
@@ -18,13 +18,13 @@ type sharedBytes struct {
 	byKey map[string]int64
 }
 
-func newSharedBytes(limit, perKey int64) *sharedBytes {
-	return &sharedBytes{limit: limit, perKey: perKey, byKey: map[string]int64{}}
+func NewSharedBytes(limit, perKey int64) *SharedBytes {
+	return &SharedBytes{limit: limit, perKey: perKey, byKey: map[string]int64{}}
 }
 
 // take takes n bytes for key, or nothing and false when the total or the
 // key's share has not n left.
-func (b *sharedBytes) take(key string, n int) bool {
+func (b *SharedBytes) take(key string, n int) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k := b.byKey[key]
@@ -37,7 +37,7 @@ func (b *sharedBytes) take(key string, n int) bool {
 }
 
 // give returns n bytes key took.
-func (b *sharedBytes) give(key string, n int) {
+func (b *SharedBytes) give(key string, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.used -= int64(n)
@@ -49,7 +49,7 @@ func (b *sharedBytes) give(key string, n int) {
 }
 
 // inUse is the bytes taken and not given back.
-func (b *sharedBytes) inUse() int64 {
+func (b *SharedBytes) InUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used

@@ -1,4 +1,4 @@
-package proxy
+package inspect
 
 import (
 	"bytes"
@@ -24,24 +24,24 @@ import (
 const MaxInspectedFrameBytes = 4 << 20
 
 // framing is how a watch stream separates its events.
-type framing uint8
+type Framing uint8
 
 const (
 	// jsonFraming: a sequence of JSON values with optional whitespace
 	// between them, as json.Decoder reads them (apimachinery's JSON framer).
-	jsonFraming framing = iota + 1
+	JSONFraming Framing = iota + 1
 	// lengthPrefixedFraming: each frame is a 4-byte big-endian length and
 	// that many bytes (apimachinery's length-delimited framer, protobuf).
-	lengthPrefixedFraming
+	LengthPrefixedFraming
 )
 
-// eventSink is told about every event of an inspected stream.
-type eventSink interface {
-	sawEvent()                   // a frame that is not an ERROR event
-	sawError(obj runtime.Object) // an ERROR event, with its decoded object
+// Sink is told about every event of an inspected stream.
+type Sink interface {
+	SawEvent()                   // a frame that is not an ERROR event
+	SawError(obj runtime.Object) // an ERROR event, with its decoded object
 }
 
-// streamInspector finds the ERROR events of a watch stream as its bytes go
+// Stream finds the ERROR events of a watch stream as its bytes go
 // by, without decoding the others. It frames the stream itself, cheaply
 // (JSON: string and nesting state only; protobuf: the length prefix), and
 // decodes with apimachinery's serializer only frames that can be an ERROR
@@ -57,10 +57,10 @@ type eventSink interface {
 // ERROR event is skipped rather than ending inspection.
 //
 // Not safe for concurrent use: the reading goroutine owns it.
-type streamInspector struct {
-	framing    framing
+type Stream struct {
+	Framing    Framing
 	serializer runtime.Serializer
-	sink       eventSink
+	sink       Sink
 	off        bool
 	sawFrame   bool // a whole frame went by
 
@@ -77,19 +77,19 @@ type streamInspector struct {
 	due     int
 }
 
-func newStreamInspector(f framing, s runtime.Serializer, sink eventSink) *streamInspector {
-	return &streamInspector{framing: f, serializer: s, sink: sink}
+func NewStream(f Framing, s runtime.Serializer, sink Sink) *Stream {
+	return &Stream{Framing: f, serializer: s, sink: sink}
 }
 
 // frameBuffers recycles the buffers of frames cut by a chunk boundary.
 var frameBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 32<<10); return &b }}
 
 // write inspects the next chunk of the stream; p is not retained.
-func (s *streamInspector) write(p []byte) {
+func (s *Stream) Write(p []byte) {
 	if s.off {
 		return
 	}
-	if s.framing == jsonFraming {
+	if s.Framing == JSONFraming {
 		s.writeJSON(p)
 	} else {
 		s.writeLengthPrefixed(p)
@@ -97,13 +97,13 @@ func (s *streamInspector) write(p []byte) {
 }
 
 // stop ends inspection of this stream.
-func (s *streamInspector) stop() {
+func (s *Stream) stop() {
 	s.off = true
-	s.release()
+	s.Release()
 }
 
 // release returns the frame buffer to the pool.
-func (s *streamInspector) release() {
+func (s *Stream) Release() {
 	if s.buf != nil {
 		*s.buf = (*s.buf)[:0]
 		if cap(*s.buf) <= 1<<20 {
@@ -114,7 +114,7 @@ func (s *streamInspector) release() {
 }
 
 // keep adds part of a frame that continues in the next chunk.
-func (s *streamInspector) keep(part []byte) {
+func (s *Stream) keep(part []byte) {
 	if len(part) == 0 {
 		return
 	}
@@ -132,8 +132,8 @@ func (s *streamInspector) keep(part []byte) {
 
 // atFrameStart reports whether the bytes seen so far end at the end of a
 // frame (or between JSON values), so that the next byte starts a frame.
-func (s *streamInspector) atFrameStart() bool {
-	if s.framing == jsonFraming {
+func (s *Stream) atFrameStart() bool {
+	if s.Framing == JSONFraming {
 		return !s.inFrame
 	}
 	return s.nHeader == 0
@@ -141,7 +141,7 @@ func (s *streamInspector) atFrameStart() bool {
 
 // grow counts n more bytes of the current frame and stops inspection when
 // the frame is over the limit.
-func (s *streamInspector) grow(n int) bool {
+func (s *Stream) grow(n int) bool {
 	s.frameLen += n
 	if s.frameLen > MaxInspectedFrameBytes {
 		s.stop()
@@ -151,7 +151,7 @@ func (s *streamInspector) grow(n int) bool {
 }
 
 // frameEnded handles a complete frame: last is its part in this chunk.
-func (s *streamInspector) frameEnded(last []byte) {
+func (s *Stream) frameEnded(last []byte) {
 	frame := last
 	if s.buf != nil {
 		s.keep(last)
@@ -161,24 +161,24 @@ func (s *streamInspector) frameEnded(last []byte) {
 	s.sawFrame = true
 	s.event(frame)
 	if !s.off {
-		s.release()
+		s.Release()
 	}
 }
 
 var errorText = []byte(string(watch.Error))
 
 // event decodes frame only when it can be an ERROR event.
-func (s *streamInspector) event(frame []byte) {
-	if s.framing == lengthPrefixedFraming {
+func (s *Stream) event(frame []byte) {
+	if s.Framing == LengthPrefixedFraming {
 		// The type is the frame's first field: no need to look further
 		// (an object whose data holds the text ERROR is not decoded).
 		if typ, ok := protobufEventType(frame); ok && !bytes.Equal(typ, errorText) {
-			s.sink.sawEvent()
+			s.sink.SawEvent()
 			return
 		}
 	}
-	if !bytes.Contains(frame, errorText) && !(s.framing == jsonFraming && escapesErrorLetter(frame)) {
-		s.sink.sawEvent()
+	if !bytes.Contains(frame, errorText) && !(s.Framing == JSONFraming && escapesErrorLetter(frame)) {
+		s.sink.SawEvent()
 		return
 	}
 	var ev metav1.WatchEvent
@@ -187,14 +187,14 @@ func (s *streamInspector) event(frame []byte) {
 		return
 	}
 	if ev.Type != string(watch.Error) {
-		s.sink.sawEvent()
+		s.sink.SawEvent()
 		return
 	}
 	obj, err := runtime.Decode(answer.MetaCodecs.UniversalDeserializer(), ev.Object.Raw)
 	if err != nil {
 		obj = nil
 	}
-	s.sink.sawError(obj)
+	s.sink.SawError(obj)
 }
 
 // protobufEventType walks the top level of a raw protobuf WatchEvent
@@ -274,7 +274,7 @@ func escapesErrorLetter(frame []byte) bool {
 // delimiter. Brackets are not checked for matching: a candidate frame is
 // decoded, anything else cannot be an ERROR event. The state lives in
 // locals in the loop and goes back to s at chunk ends and frame ends.
-func (s *streamInspector) writeJSON(p []byte) {
+func (s *Stream) writeJSON(p []byte) {
 	start := 0 // where the current frame's bytes in p begin
 	inFrame, inString, escaped, inScalar, depth := s.inFrame, s.inString, s.escaped, s.inScalar, s.depth
 	i := 0
@@ -422,7 +422,7 @@ var jsonStructural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': 
 
 // endJSONFrame ends the frame p[start:end]; it returns false when
 // inspection stopped.
-func (s *streamInspector) endJSONFrame(p []byte, start, end int) bool {
+func (s *Stream) endJSONFrame(p []byte, start, end int) bool {
 	s.inFrame = false
 	if !s.grow(end - start) {
 		return false
@@ -432,7 +432,7 @@ func (s *streamInspector) endJSONFrame(p []byte, start, end int) bool {
 }
 
 // writeLengthPrefixed frames a length-delimited stream.
-func (s *streamInspector) writeLengthPrefixed(p []byte) {
+func (s *Stream) writeLengthPrefixed(p []byte) {
 	for len(p) > 0 && !s.off {
 		if s.nHeader < 4 {
 			n := copy(s.header[s.nHeader:], p)
@@ -458,4 +458,12 @@ func (s *streamInspector) writeLengthPrefixed(p []byte) {
 		s.frameEnded(p[:n])
 		p = p[n:]
 	}
+}
+
+// bufferedBytes is how many bytes of an unfinished frame s holds.
+func (s *Stream) BufferedBytes() int {
+	if s.buf == nil {
+		return 0
+	}
+	return len(*s.buf)
 }

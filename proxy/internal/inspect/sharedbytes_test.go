@@ -1,19 +1,14 @@
-package proxy
+package inspect
 
 import (
-	"io"
-	"strings"
 	"testing"
-
-	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/utils/clock"
 )
 
 // One caller that spent its share is refused more while another still
 // takes its own; bytes given back can be taken again, and a caller that
 // holds nothing keeps no entry.
 func TestSharedBytesShareEachCaller(t *testing.T) {
-	b := newSharedBytes(100, 40)
+	b := NewSharedBytes(100, 40)
 	for i := range 4 {
 		if !b.take("mallory", 10) {
 			t.Fatalf("mallory's take %d within its share refused", i+1)
@@ -31,7 +26,7 @@ func TestSharedBytesShareEachCaller(t *testing.T) {
 	if !b.take("bob", 20) {
 		t.Error("bob refused what is left of the total")
 	}
-	if got := b.inUse(); got != 100 {
+	if got := b.InUse(); got != 100 {
 		t.Errorf("in use %d, want 100", got)
 	}
 	b.give("mallory", 40)
@@ -43,17 +38,5 @@ func TestSharedBytesShareEachCaller(t *testing.T) {
 	}
 	if len(b.byKey) != 3 {
 		t.Errorf("%d entries, want 3 (alice, bob, carol)", len(b.byKey))
-	}
-}
-
-// A gzip watch's held member is charged to the caller the watch belongs
-// to.
-func TestGzipWatchHoldsOnItsCallersShare(t *testing.T) {
-	ctx := withCaller(t.Context(), &user.DefaultInfo{Name: "mallory"})
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs(),
-		clientCtx: ctx, cancel: func() {}}
-	b := newWatchBody(ws, io.NopCloser(strings.NewReader("")), jsonWatchType, "gzip")
-	if b.inflate == nil || b.inflate.caller != "mallory" {
-		t.Fatalf("gzip inspector of mallory's watch charges %q", b.inflate.caller)
 	}
 }

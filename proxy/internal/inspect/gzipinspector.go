@@ -1,4 +1,4 @@
-package proxy
+package inspect
 
 import (
 	"bytes"
@@ -6,6 +6,9 @@ import (
 	"errors"
 	"io"
 	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Bounds of the inspection of a gzip-encoded watch stream. Inflating costs
@@ -45,7 +48,7 @@ const (
 	maxHeldGzipBytesPerCaller = maxHeldGzipBytesTotal / 8
 )
 
-// gzipInspector shows a streamInspector the inflated bytes of a
+// Gzip shows a Stream the inflated bytes of a
 // gzip-encoded watch stream, as kube-apiserver sends a watch-list to a
 // client that accepts gzip: one complete gzip member per flush (a header,
 // deflate data closed by a final block, a trailer), so members are
@@ -101,8 +104,8 @@ const (
 // goroutine runs beside the stream.
 //
 // Not safe for concurrent use: the reading goroutine owns it.
-type gzipInspector struct {
-	next *streamInspector
+type Gzip struct {
+	next *Stream
 	off  bool
 	// deferring: only the last member of the stream is inflated.
 	deferring bool
@@ -118,7 +121,7 @@ type gzipInspector struct {
 	// held is the last complete member while deferring; its capacity is
 	// taken from budget while it is not nil.
 	held   []byte
-	budget *sharedBytes
+	budget *SharedBytes
 	// caller is whose share of budget held is taken from.
 	caller string
 	// inflated counts the bytes inflated for this stream, including those
@@ -126,14 +129,14 @@ type gzipInspector struct {
 	inflated int64
 }
 
-func newGzipInspector(next *streamInspector, caller string) *gzipInspector {
-	return &gzipInspector{next: next, budget: heldGzipBudget, caller: caller}
+func NewGzip(next *Stream, caller string) *Gzip {
+	return &Gzip{next: next, budget: heldGzipBudget, caller: caller}
 }
 
 // heldGzipBudget is the compressed bytes all gzip streams may hold
 // uninspected (maxHeldGzipBytesTotal), a share of it per caller
 // (maxHeldGzipBytesPerCaller).
-var heldGzipBudget = newSharedBytes(maxHeldGzipBytesTotal, maxHeldGzipBytesPerCaller)
+var heldGzipBudget = NewSharedBytes(maxHeldGzipBytesTotal, maxHeldGzipBytesPerCaller)
 
 // gzipReaders and inflatedBuffers are shared by all streams: a stream
 // holds them only while it inflates.
@@ -181,7 +184,7 @@ func lastMemberEnd(b []byte, from int) int {
 
 // write inspects the next compressed chunk of the stream; p is not
 // retained.
-func (g *gzipInspector) write(p []byte) {
+func (g *Gzip) Write(p []byte) {
 	if g.off {
 		return
 	}
@@ -225,7 +228,7 @@ func (g *gzipInspector) write(p []byte) {
 // member end kube-apiserver's way (atEnd), the bytes kept (if any) start
 // the next member, and the inspector has seen a frame and waits for the
 // next.
-func (g *gzipInspector) deferFrom(atEnd bool) {
+func (g *Gzip) deferFrom(atEnd bool) {
 	if atEnd && !g.off && g.shown == 0 && g.tried == 0 && g.next.sawFrame && g.next.atFrameStart() {
 		g.deferring = true
 	}
@@ -234,7 +237,7 @@ func (g *gzipInspector) deferFrom(atEnd bool) {
 // writeDeferred drops the member held (more of the stream came), and holds
 // the last member that ends in this read, if any; bytes after it are kept
 // as pending, from that member's end.
-func (g *gzipInspector) writeDeferred(p []byte) {
+func (g *Gzip) writeDeferred(p []byte) {
 	if len(g.held) > 0 {
 		gzipSkippedBytes.Add(float64(len(g.held)))
 		g.held = g.held[:0]
@@ -278,7 +281,7 @@ func (g *gzipInspector) writeDeferred(p []byte) {
 // hold keeps a copy of member m in held, in a buffer of about its size
 // taken from the budget, or inflates it at once when it is larger than
 // maxHeldGzipBytes or the budget is spent.
-func (g *gzipInspector) hold(m []byte) {
+func (g *Gzip) hold(m []byte) {
 	if c := cap(g.held); c < len(m) || c > 4*len(m) {
 		g.releaseHeld()
 		if len(m) > maxHeldGzipBytes || !g.budget.take(g.caller, len(m)) {
@@ -294,7 +297,7 @@ func (g *gzipInspector) hold(m []byte) {
 // kept before deferring, is inflated and shown. Bytes kept after the
 // member held (a member the stream cut) are not: their start is not
 // certain and they cannot be checked whole.
-func (g *gzipInspector) finish() {
+func (g *Gzip) Finish() {
 	if !g.off {
 		switch {
 		case g.deferring && len(g.held) > 0:
@@ -305,7 +308,7 @@ func (g *gzipInspector) finish() {
 			g.retry(len(*g.pending))
 		}
 	}
-	g.release()
+	g.Release()
 }
 
 // inflateMember shows the inspector the inflated bytes of m only once it
@@ -314,7 +317,7 @@ func (g *gzipInspector) finish() {
 // then shows what it inflated: kept meanwhile when it is at most
 // maxCollectedBytes (a watch event), inflated again otherwise. A member
 // that is not is not shown, and inspection of the stream ends.
-func (g *gzipInspector) inflateMember(m []byte) {
+func (g *Gzip) inflateMember(m []byte) {
 	gzipInflatedBytes.Add(float64(len(m)))
 	zr := gzipReaders.Get().(*gzip.Reader)
 	out := inflatedBuffers.Get().(*[]byte)
@@ -357,7 +360,7 @@ func (g *gzipInspector) inflateMember(m []byte) {
 		return
 	}
 	if collecting {
-		g.next.write(collected)
+		g.next.Write(collected)
 		if g.next.off {
 			g.stop("") // the inspector stopped
 		}
@@ -376,7 +379,7 @@ var errInflationBound = errors.New("inflation bound reached")
 
 // retry inflates the kept bytes up to limit again from their start, and
 // keeps the rest.
-func (g *gzipInspector) retry(limit int) {
+func (g *Gzip) retry(limit int) {
 	b := *g.pending
 	n, shown, ok := g.inflate(b[:limit], g.shown)
 	if !ok {
@@ -397,7 +400,7 @@ func (g *gzipInspector) retry(limit int) {
 // keep starts keeping rest, the start of a member cut by the read, of
 // which the first tried bytes were inflated and gave shown inflated bytes
 // to the inspector.
-func (g *gzipInspector) keep(rest []byte, shown, tried int) {
+func (g *Gzip) keep(rest []byte, shown, tried int) {
 	if len(rest) > maxPendingGzipBytes {
 		g.stop(stopBound)
 		return
@@ -412,7 +415,7 @@ func (g *gzipInspector) keep(rest []byte, shown, tried int) {
 // returns how many bytes of b the complete members took and how many
 // inflated bytes of the incomplete member after them the inspector has
 // seen; ok is false when inspection stopped (corrupt data or a bound).
-func (g *gzipInspector) inflate(b []byte, skip int) (n, shown int, ok bool) {
+func (g *Gzip) inflate(b []byte, skip int) (n, shown int, ok bool) {
 	zr := gzipReaders.Get().(*gzip.Reader)
 	defer gzipReaders.Put(zr)
 	out := inflatedBuffers.Get().(*[]byte)
@@ -440,7 +443,7 @@ func (g *gzipInspector) inflate(b []byte, skip int) (n, shown int, ok bool) {
 					if len(show) > member-skip {
 						show = show[len(show)-(member-skip):]
 					}
-					g.next.write(show)
+					g.next.Write(show)
 					if g.next.off {
 						g.stop("") // the inspector stopped
 						return 0, 0, false
@@ -470,18 +473,18 @@ const (
 )
 
 // stop ends inspection of this stream; reason, when not empty, is counted.
-func (g *gzipInspector) stop(reason string) {
+func (g *Gzip) stop(reason string) {
 	if reason != "" {
 		gzipInspectionsStopped.WithLabelValues(reason).Inc()
 	}
 	g.off = true
-	g.release()
+	g.Release()
 	g.next.stop()
 }
 
 // release returns the bytes kept and held. Bytes not inflated by then
 // count as skipped.
-func (g *gzipInspector) release() {
+func (g *Gzip) Release() {
 	skipped := len(g.held)
 	if g.deferring && g.pending != nil {
 		skipped += len(*g.pending)
@@ -494,7 +497,7 @@ func (g *gzipInspector) release() {
 }
 
 // releasePending returns the kept bytes' buffer to the pool.
-func (g *gzipInspector) releasePending() {
+func (g *Gzip) releasePending() {
 	if g.pending != nil {
 		*g.pending = (*g.pending)[:0]
 		if cap(*g.pending) <= 1<<20 {
@@ -506,9 +509,45 @@ func (g *gzipInspector) releasePending() {
 }
 
 // releaseHeld drops the held buffer and returns its bytes to the budget.
-func (g *gzipInspector) releaseHeld() {
+func (g *Gzip) releaseHeld() {
 	if g.held != nil {
 		g.budget.give(g.caller, cap(g.held))
 		g.held = nil
 	}
 }
+
+var (
+	gzipWatchBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_gzip_watch_bytes_total",
+		Help: "Compressed bytes of gzip-encoded watch streams by how the proxy read them, how (inflated: a copy inflated to find ERROR events; " +
+			"skipped: members followed by more of the stream, which cannot hold the ERROR event that ends a watch).",
+	}, []string{"how"})
+	gzipInflatedBytes = gzipWatchBytes.WithLabelValues("inflated")
+	gzipSkippedBytes  = gzipWatchBytes.WithLabelValues("skipped")
+
+	gzipInspectionsStopped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_gzip_inspections_stopped_total",
+		Help: "gzip-encoded watch streams whose inspection stopped, their bytes passing on unread, by reason (bound: an inflation or " +
+			"holding bound; corrupt: not gzip or a corrupt member; unverified: the member held for the stream's end was not exactly one valid gzip member).",
+	}, []string{"reason"})
+
+	gzipHeldBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "watchgate_proxy_gzip_held_bytes",
+		Help: "Compressed bytes held across gzip-encoded watch streams: each stream's last member, inflated only if the stream ends there.",
+	}, func() float64 { return float64(heldGzipBudget.InUse()) })
+)
+
+func init() {
+	metrics.Registry.MustRegister(gzipWatchBytes, gzipInspectionsStopped, gzipHeldBytes)
+}
+
+// heldMember is the member g holds for the stream's end, nil when none.
+func (g *Gzip) HeldMember() []byte { return g.held }
+
+// chargedTo is whose share of the held-bytes budget g's held member
+// takes.
+func (g *Gzip) ChargedTo() string { return g.caller }
+
+// useBudget makes g hold members on budget instead of the budget all
+// streams share; for tests, before g's first write.
+func (g *Gzip) UseBudget(budget *SharedBytes) { g.budget = budget }

@@ -1,0 +1,18 @@
+// Package metricstest reads metrics in tests.
+package metricstest
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// CounterValue is c's current value.
+func CounterValue(tb testing.TB, c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		tb.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
