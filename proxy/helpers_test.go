@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -133,11 +134,11 @@ func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptes
 	return newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond}, upstream)
 }
 
-// newTestAdmission serves the whole chain in front of upstream with adm,
+// newTestAdmission serves the whole chain in front of the API server apiserver with adm,
 // whose engine, maxDelay and guard the caller sets; the rest is filled in.
-func newTestAdmission(t testing.TB, adm *admission, upstream *rest.Config) *httptest.Server {
+func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *httptest.Server {
 	t.Helper()
-	target, transport, err := upstreamTransport(upstream, &connectionCount{})
+	target, transport, err := upstream.NewTransport(apiserver, &upstream.ConnectionCount{}, forwardedWatch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func newTestAdmission(t testing.TB, adm *admission, upstream *rest.Config) *http
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
 	top := newTopEndpoint(adm.engine, testAccess, "replica-0", clock.RealClock{}, logs)
 	top.reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
-	h := chain(testTokens, testImpersonation, FailClosed, adm, top, logs, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	h := chain(testTokens, testImpersonation, FailClosed, adm, top, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px
@@ -190,30 +191,4 @@ func funcLogger(f func(msg string)) logr.Logger {
 // as withAuthentication leaves it.
 func withCaller(ctx context.Context, u user.Info) context.Context {
 	return context.WithValue(ctx, requestStateKey{}, &requestState{caller: u})
-}
-
-// openAtOnce opens n watches at once with open and returns their bodies;
-// any open that fails fails the test.
-func openAtOnce(t *testing.T, n int, open func(i int) (*http.Response, error)) []io.Closer {
-	t.Helper()
-	var wg sync.WaitGroup
-	bodies := make([]io.Closer, n)
-	errs := make([]error, n)
-	for i := range n {
-		wg.Go(func() {
-			resp, err := open(i)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			bodies[i] = resp.Body
-		})
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("watch %d: %v", i, err)
-		}
-	}
-	return bodies
 }

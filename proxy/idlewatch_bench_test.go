@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
 var (
@@ -51,7 +53,7 @@ func BenchmarkIdleWatches(b *testing.B) {
 	if *idleProfile != "" {
 		runtime.MemProfileRate = 4096 // every allocation of a watch's size
 	}
-	upstream, _, upstreamConns := watchUpstream(b, 100) // kube-apiserver's default
+	upstream, _, upstreamConns := upstreamtest.WatchUpstream(b, 100) // kube-apiserver's default
 
 	var direct idleCost // the client's and upstream's share, subtracted from the proxies'
 	for _, path := range benchPaths(b, upstream) {
@@ -101,7 +103,7 @@ func benchPaths(b *testing.B, upstream *httptest.Server) []benchPath {
 		name    string
 		handler http.Handler
 		serve   func(*http.Server, http.Handler) error
-	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, trusting(upstream)).Config.Handler, serveHTTP2}} {
+	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamtest.Trusting(upstream)).Config.Handler, serveHTTP2}} {
 		srv := httptest.NewUnstartedServer(p.handler)
 		srv.EnableHTTP2 = true
 		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -33,7 +34,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { close(stop) }) // before up.Close, should the test fail
-	target, transport, err := upstreamTransport(&rest.Config{Host: up.URL}, &connectionCount{})
+	target, transport, err := upstream.NewTransport(&rest.Config{Host: up.URL}, &upstream.ConnectionCount{}, forwardedWatch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait, maxDelay: 10 * time.Millisecond,
 		guard: newWatchGuard(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
-	h := withAdmission(adm, newReverseProxy(target, transport, log.New(io.Discard, "", 0), logs))
+	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	h = withBudgetIdentity(testImpersonation, FailClosed, chargesOf(engine), logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
 	h = withAuthentication(testTokens, FailClosed, logs, h)

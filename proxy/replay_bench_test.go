@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
 // BenchmarkWatchReplayThroughProxy serves a 3,000-event JSON watch from an
@@ -28,7 +30,7 @@ func BenchmarkWatchReplayThroughProxy(b *testing.B) {
 	up.Config.ErrorLog = log.New(io.Discard, "", 0)
 	up.StartTLS()
 	b.Cleanup(up.Close)
-	px := newTestProxyTo(b, &fakeEngine{}, trusting(up))
+	px := newTestProxyTo(b, &fakeEngine{}, upstreamtest.Trusting(up))
 	client := &http.Client{}
 	cpu0 := cpuTime()
 	for b.Loop() {

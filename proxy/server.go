@@ -23,6 +23,7 @@ import (
 
 	"github.com/watchgate/watchgate/internal/periodic"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+	"github.com/watchgate/watchgate/proxy/internal/upstream"
 )
 
 // Server is the proxy: an HTTPS server (HTTP/2 and HTTP/1.1) in front of
@@ -53,7 +54,7 @@ type Server struct {
 	saTokens *serviceAccountTokens
 	keyLogs  *sampledlog.Logger
 	// upstreamConns counts the forwarder's connections to the API server.
-	upstreamConns *connectionCount
+	upstreamConns *upstream.ConnectionCount
 	// upstream is the forwarder's transport, whose connections Start
 	// closes when it has shut down.
 	upstream interface{ CloseIdleConnections() }
@@ -91,8 +92,8 @@ func NewServer(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy probe client: %w", err)
 	}
-	conns := &connectionCount{}
-	target, transport, err := upstreamTransport(o.Upstream, conns)
+	conns := &upstream.ConnectionCount{}
+	target, transport, err := upstream.NewTransport(o.Upstream, conns, forwardedWatch)
 	if err != nil {
 		return nil, err
 	}
@@ -144,11 +145,11 @@ func NewServer(opts Options) (*Server, error) {
 		opens:    newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity),
 		warnings: newWarningLimiter(warningInterval, maxWarnedIdentities),
 	}
-	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, newReverseProxy(target, transport, errorLog, errorLogs))
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, upstream.NewReverseProxy(target, transport, errorLog, errorLogs, forwardedWatch))
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,
-		upstream: transport.(upgradeAwareTransport),
+		upstream: transport.(upstream.Transport),
 	}, nil
 }
 
@@ -180,7 +181,7 @@ func (s *Server) Addr() net.Addr {
 // UpstreamConnections is the number of TCP connections the proxy's
 // forwarder holds open to the API server (the proxy's own clients, for
 // reviews and probes, not counted).
-func (s *Server) UpstreamConnections() int { return int(s.upstreamConns.open.Load()) }
+func (s *Server) UpstreamConnections() int { return int(s.upstreamConns.Open.Load()) }
 
 // GeneratedCertificate returns the PEM of the generated serving certificate
 // and its CA when no certificate files were given, else nil.

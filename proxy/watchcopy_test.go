@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"slices"
 	"testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/upstream"
 )
 
 // scriptedStream hands out its arrivals one after another: a read returns
@@ -50,8 +52,8 @@ func (f *flushRecorder) Flush() { f.flushed = f.written.Len() }
 // countingPool is copyBuffers that counts the buffers out.
 type countingPool struct{ out int }
 
-func (p *countingPool) Get() []byte  { p.out++; return copyBuffers{}.Get() }
-func (p *countingPool) Put(b []byte) { p.out--; copyBuffers{}.Put(b) }
+func (p *countingPool) Get() []byte  { p.out++; return upstream.CopyBuffers{}.Get() }
+func (p *countingPool) Put(b []byte) { p.out--; upstream.CopyBuffers{}.Put(b) }
 
 func TestCopyWatchHoldsNoBufferWhileWaiting(t *testing.T) {
 	var want []byte
@@ -91,8 +93,8 @@ func TestCopyWatchHoldsNoBufferWhileWaiting(t *testing.T) {
 	}
 	// Each arrival: a wait of one byte, then the rest after it; 40000 =
 	// 1 + 32767 (full) + 7232 (pooled, not full); EOF in a wait.
-	rest := copyBufferBytes - 1
-	wantSizes := []int{1, rest, 1, rest, 1, rest, 1, rest, copyBufferBytes, 1}
+	rest := upstream.CopyBufferBytes - 1
+	wantSizes := []int{1, rest, 1, rest, 1, rest, 1, rest, upstream.CopyBufferBytes, 1}
 	if !slices.Equal(sizes, wantSizes) {
 		t.Errorf("read sizes %v, want %v", sizes, wantSizes)
 	}

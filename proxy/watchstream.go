@@ -15,6 +15,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -22,8 +23,8 @@ import (
 // reports that end to the engine exactly once (end), however the watch
 // ended: the API server closed it, answered an error, died, the client left,
 // or the proxy closed it on shutdown. It is the only owner of these fields:
-// the forwarder reports what it saw through upstreamAnswered and
-// upstreamFailed.
+// the forwarder reports what it saw through UpstreamAnswered and
+// UpstreamFailed.
 //
 // The request's goroutine owns it (the reverse proxy calls ModifyResponse
 // and ErrorHandler on it, the relay reads the body); stop may be called
@@ -73,10 +74,10 @@ func (ws *watchState) clientGone() bool {
 	return ws.stopped.Load() || ws.clientCtx != nil && ws.clientCtx.Err() != nil
 }
 
-// upstreamAnswered is what the forwarder's ModifyResponse does for a
+// UpstreamAnswered is what the forwarder's ModifyResponse does for a
 // watch: it records the API server's status code and, for a 200 stream in
 // JSON or protobuf, wraps the body to inspect it as it passes.
-func (ws *watchState) upstreamAnswered(resp *http.Response) {
+func (ws *watchState) UpstreamAnswered(resp *http.Response) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// A watch over WebSocket is relayed, not inspected: it will learn
 		// nothing, so its followers go on.
@@ -109,17 +110,17 @@ func (ws *watchState) upstreamAnswered(resp *http.Response) {
 // stream that breaks breaks the client's too (http.ErrAbortHandler), as
 // the reverse proxy does, so that the client sees an error, not an end.
 func (ws *watchState) relay(w http.ResponseWriter, r *http.Request) {
-	err := copyWatch(w, ws.body, copyBuffers{})
+	err := copyWatch(w, ws.body, upstream.CopyBuffers{})
 	_ = ws.body.Close()
 	if err != nil && r.Context().Value(http.ServerContextKey) != nil {
 		panic(http.ErrAbortHandler)
 	}
 }
 
-// upstreamFailed is what the forwarder's ErrorHandler records for a watch
+// UpstreamFailed is what the forwarder's ErrorHandler records for a watch
 // the API server did not answer; it returns whether the proxy itself closed
 // the watch (shutdown).
-func (ws *watchState) upstreamFailed() (stoppedByProxy bool) {
+func (ws *watchState) UpstreamFailed() (stoppedByProxy bool) {
 	ws.transportErr.Store(true)
 	ws.handOverVerdict()
 	return ws.stopped.Load()
@@ -319,4 +320,13 @@ func (b *watchBody) Close() error {
 		}
 	})
 	return err
+}
+
+// forwardedWatch is the forwarder's view of the admitted watch a request
+// is, nil for every other request.
+func forwardedWatch(ctx context.Context) upstream.AdmittedWatch {
+	if ws := admittedWatchFrom(ctx); ws != nil {
+		return ws
+	}
+	return nil
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
+	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
 // benchEvents is a JSON watch stream of n MODIFIED events of ~1.2 KiB
@@ -153,7 +154,7 @@ func BenchmarkWatchThroughProxy(b *testing.B) {
 	}{
 		{"bare", bare.URL},
 		{"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL},
-		{"watchgate-h2", newTestProxyTo(b, &fakeEngine{}, trusting(upstreamH2)).URL},
+		{"watchgate-h2", newTestProxyTo(b, &fakeEngine{}, upstreamtest.Trusting(upstreamH2)).URL},
 	} {
 		b.Run(via.name, func(b *testing.B) {
 			client := &http.Client{}

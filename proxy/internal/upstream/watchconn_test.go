@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bytes"
@@ -154,11 +154,11 @@ func (c *scriptedConn) data(id uint32, end bool, p string) {
 
 func (s *scriptedH2) client(t *testing.T) *watchClient {
 	t.Helper()
-	_, transport, err := upstreamTransport(s.cfg, &connectionCount{})
+	_, transport, err := NewTransport(s.cfg, &ConnectionCount{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wc := transport.(upgradeAwareTransport).watches
+	wc := transport.(Transport).watches
 	t.Cleanup(wc.CloseIdleConnections)
 	return wc
 }

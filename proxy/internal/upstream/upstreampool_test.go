@@ -1,8 +1,7 @@
-package proxy
+package upstream
 
 import (
 	"context"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -12,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
+	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
 // A burst of watches opened at once over connections that carry 10
@@ -20,13 +19,13 @@ import (
 // that found the connections full, and every watch is served.
 func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	const watches, streams = 60, 10
-	up, cfg, accepted := watchUpstream(t, streams)
-	conns := &connectionCount{}
-	_, transport, err := upstreamTransport(cfg, conns)
+	up, cfg, accepted := upstreamtest.WatchUpstream(t, streams)
+	conns := &ConnectionCount{}
+	_, transport, err := NewTransport(cfg, conns, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := transport.(upgradeAwareTransport).normal.(*upstreamPool)
+	rt := transport.(Transport).normal.(*upstreamPool)
 	t.Cleanup(rt.CloseIdleConnections)
 	// The first connection, so that its SETTINGS (10 streams) are known.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -41,7 +40,7 @@ func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	}
 	defer first.Body.Close()
 
-	bodies := openAtOnce(t, watches, open)
+	bodies := upstreamtest.OpenAtOnce(t, watches, open)
 	for _, b := range bodies {
 		defer b.Close()
 	}
@@ -49,36 +48,9 @@ func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	if got := accepted.Load(); got != (watches+1+streams-1)/streams {
 		t.Errorf("the upstream accepted %d connections for %d streams of at most %d each", got, watches+1, streams)
 	}
-	if got := conns.open.Load(); got != (watches+1+streams-1)/streams {
+	if got := conns.Open.Load(); got != (watches+1+streams-1)/streams {
 		t.Errorf("%d connections counted open", got)
 	}
-}
-
-// watchUpstream is an HTTPS upstream speaking HTTP/2 that allows streams
-// per connection and answers every request 200 with its headers flushed,
-// then holds the stream until the client leaves or the test ends; its
-// rest.Config trusts it, and accepted counts the connections it accepted.
-func watchUpstream(tb testing.TB, streams uint32) (up *httptest.Server, cfg *rest.Config, accepted *atomic.Int64) {
-	tb.Helper()
-	hold := make(chan struct{})
-	up, accepted = h2Upstream(tb, int(streams), func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		select {
-		case <-hold:
-		case <-r.Context().Done():
-		}
-	})
-	tb.Cleanup(func() { close(hold) })
-	return up, trusting(up), accepted
-}
-
-// trusting is a rest.Config for the TLS server up that trusts its certificate.
-func trusting(up *httptest.Server) *rest.Config {
-	return &rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
-		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
-	}}
 }
 
 func TestCanonicalAddr(t *testing.T) {
@@ -108,11 +80,11 @@ func TestUpstreamPoolClosesIdleConnections(t *testing.T) {
 	}
 	up.StartTLS()
 	t.Cleanup(up.Close)
-	_, transport, err := upstreamTransport(trusting(up), &connectionCount{})
+	_, transport, err := NewTransport(upstreamtest.Trusting(up), &ConnectionCount{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := transport.(upgradeAwareTransport).normal.(*upstreamPool)
+	pool := transport.(Transport).normal.(*upstreamPool)
 	t.Cleanup(pool.CloseIdleConnections)
 	t0 := time.Now()
 	now := t0

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -39,6 +39,24 @@ const (
 	watchConnDefaultStreams = 1000
 	// watchConnMaxStreamID is the last stream a client may open.
 	watchConnMaxStreamID = math.MaxInt32
+)
+
+// Flow control of the upstream HTTP/2 connections. The proxy reads a
+// watch's stream only as fast as its client takes it, so a slow client's
+// unread events wait in the transport's buffer for that stream, up to the
+// stream's window, and hold as much of the connection's window. A
+// connection whose window is taken by its slow streams stalls all its
+// streams, the fast clients' too. With a 1 MiB window per stream and the
+// largest window per connection HTTP/2 allows (2 GiB - 1; Go's transport
+// announces it above the initial 64 KiB, hence the difference), that cannot
+// happen below 2,047 streams per connection (kube-apiserver allows 100 by
+// default, --http2-max-streams-per-connection; aggregated API servers
+// 1,000), and a slow client costs the proxy at most 1 MiB of buffer per
+// watch (Go's defaults: 4 MiB per stream, 1 GiB per connection, which 256
+// slow watches on one connection exhaust).
+const (
+	upstreamStreamWindowBytes     = 1 << 20
+	upstreamConnectionWindowBytes = math.MaxInt32 - 65535
 )
 
 // watchConn is an HTTP/2 connection to the API server carrying admitted

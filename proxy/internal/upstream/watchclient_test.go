@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bytes"
@@ -8,52 +8,32 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
 // watchClientFor returns the watch client upstreamTransport builds for
 // the HTTPS upstream up, and the count of connections it dials.
-func watchClientFor(t *testing.T, up *httptest.Server) (*watchClient, *connectionCount) {
+func watchClientFor(t *testing.T, up *httptest.Server) (*watchClient, *ConnectionCount) {
 	t.Helper()
-	conns := &connectionCount{}
-	_, transport, err := upstreamTransport(trusting(up), conns)
+	conns := &ConnectionCount{}
+	_, transport, err := NewTransport(upstreamtest.Trusting(up), conns, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wc := transport.(upgradeAwareTransport).watches
+	wc := transport.(Transport).watches
 	if wc == nil {
 		t.Fatal("no watch client for an HTTPS upstream")
 	}
 	t.Cleanup(wc.CloseIdleConnections)
 	return wc, conns
-}
-
-// h2Upstream is an HTTPS upstream speaking HTTP/2 with h, allowing
-// streams per connection (0: Go's default); accepted counts its
-// connections.
-func h2Upstream(t testing.TB, streams int, h http.HandlerFunc) (up *httptest.Server, accepted *atomic.Int64) {
-	t.Helper()
-	up = httptest.NewUnstartedServer(h)
-	up.EnableHTTP2 = true
-	up.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: streams}
-	up.Config.ErrorLog = log.New(io.Discard, "", 0)
-	accepted = &atomic.Int64{}
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			accepted.Add(1)
-		}
-	}
-	up.StartTLS()
-	t.Cleanup(up.Close)
-	return up, accepted
 }
 
 func watchRequest(t *testing.T, ctx context.Context, up *httptest.Server, path string) *http.Request {
@@ -94,7 +74,7 @@ func TestWatchClientHeadersAndBody(t *testing.T) {
 	_, _ = zw.Write([]byte(`{"type":"ADDED","object":{}}` + "\n"))
 	_ = zw.Close()
 	got := make(chan http.Header, 1)
-	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+	up, _ := upstreamtest.H2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Clone()
 		h.Set("X-Method", r.Method)
 		h.Set("X-Host", r.Host)
@@ -171,7 +151,7 @@ func TestWatchClientHeadersAndBody(t *testing.T) {
 // io.EOF; a connection the API server closes fails every stream on it.
 func TestWatchClientStreamAndConnectionFailures(t *testing.T) {
 	checkNoGoroutineLeak(t)
-	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+	up, _ := upstreamtest.H2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("event\n"))
 		w.(http.Flusher).Flush()
@@ -209,7 +189,7 @@ func TestWatchClientStreamAndConnectionFailures(t *testing.T) {
 	_ = reset.Close()
 
 	bodies := []io.ReadCloser{open("/a"), open("/b"), open("/c")}
-	if n := conns.open.Load(); n != 1 {
+	if n := conns.Open.Load(); n != 1 {
 		t.Fatalf("%d connections, want 1", n)
 	}
 	for _, b := range bodies {
@@ -236,7 +216,7 @@ func TestWatchClientStreamAndConnectionFailures(t *testing.T) {
 func TestWatchClientCancelAndClose(t *testing.T) {
 	checkNoGoroutineLeak(t)
 	ended := make(chan string, 4)
-	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+	up, _ := upstreamtest.H2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
@@ -301,7 +281,7 @@ func waitForEnd(t *testing.T, ch <-chan string, want string) {
 func TestWatchClientHonoursMaxConcurrentStreams(t *testing.T) {
 	checkNoGoroutineLeak(t)
 	const watches, streams = 23, 5
-	up, accepted := h2Upstream(t, streams, func(w http.ResponseWriter, r *http.Request) {
+	up, accepted := upstreamtest.H2Upstream(t, streams, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
@@ -309,14 +289,14 @@ func TestWatchClientHonoursMaxConcurrentStreams(t *testing.T) {
 	wc, conns := watchClientFor(t, up)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	bodies := openAtOnce(t, watches, func(i int) (*http.Response, error) {
+	bodies := upstreamtest.OpenAtOnce(t, watches, func(i int) (*http.Response, error) {
 		return wc.RoundTrip(watchRequest(t, ctx, up, fmt.Sprintf("/w%d", i)))
 	})
 	want := int64((watches + streams - 1) / streams)
 	if got := accepted.Load(); got != want {
 		t.Errorf("%d connections accepted for %d watches of %d per connection, want %d", got, watches, streams, want)
 	}
-	if got := conns.open.Load(); got != want {
+	if got := conns.Open.Load(); got != want {
 		t.Errorf("%d connections counted, want %d", got, want)
 	}
 	for _, b := range bodies {
@@ -331,7 +311,7 @@ func TestWatchClientHonoursMaxConcurrentStreams(t *testing.T) {
 func TestWatchClientChurnStaysWithinTheStreamLimit(t *testing.T) {
 	checkNoGoroutineLeak(t)
 	const streams, workers, rounds = 2, 4, 300
-	up, accepted := h2Upstream(t, streams, func(w http.ResponseWriter, r *http.Request) {
+	up, accepted := upstreamtest.H2Upstream(t, streams, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
@@ -369,7 +349,7 @@ func TestWatchClientChurnStaysWithinTheStreamLimit(t *testing.T) {
 func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 	checkNoGoroutineLeak(t)
 	const size = 3 * upstreamStreamWindowBytes
-	up, _ := h2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
+	up, _ := upstreamtest.H2Upstream(t, 0, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		chunk := bytes.Repeat([]byte("x"), 64<<10)
 		for sent := 0; sent < size; sent += len(chunk) {
@@ -395,7 +375,7 @@ func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 		}
 		_ = resp.Body.Close()
 	}
-	if n := conns.open.Load(); n != 1 {
+	if n := conns.Open.Load(); n != 1 {
 		t.Errorf("%d connections, want all streams on one", n)
 	}
 	s := stalled.Body.(*watchConnStream)
@@ -423,7 +403,7 @@ func TestWatchClientRequiresHTTP2(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "HTTP/2") {
 		t.Errorf("a watch to an HTTP/1.1 server: %v, want an error naming HTTP/2", err)
 	}
-	if n := conns.open.Load(); n != 0 {
+	if n := conns.Open.Load(); n != 0 {
 		t.Errorf("%d connections left open", n)
 	}
 }

@@ -1,11 +1,10 @@
-package proxy
+package upstream
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log"
-	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -23,25 +22,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
-// Flow control of the upstream HTTP/2 connections. The proxy reads a
-// watch's stream only as fast as its client takes it, so a slow client's
-// unread events wait in the transport's buffer for that stream, up to the
-// stream's window, and hold as much of the connection's window. A
-// connection whose window is taken by its slow streams stalls all its
-// streams, the fast clients' too. With a 1 MiB window per stream and the
-// largest window per connection HTTP/2 allows (2 GiB - 1; Go's transport
-// announces it above the initial 64 KiB, hence the difference), that cannot
-// happen below 2,047 streams per connection (kube-apiserver allows 100 by
-// default, --http2-max-streams-per-connection; aggregated API servers
-// 1,000), and a slow client costs the proxy at most 1 MiB of buffer per
-// watch (Go's defaults: 4 MiB per stream, 1 GiB per connection, which 256
-// slow watches on one connection exhaust).
-const (
-	upstreamStreamWindowBytes     = 1 << 20
-	upstreamConnectionWindowBytes = math.MaxInt32 - 65535
-)
-
-// upstreamTransport returns the API server's URL and a transport that
+// NewTransport returns the API server's URL and a transport that
 // trusts the API server's CA and carries nothing else of cfg: no bearer
 // token, no client certificate, no exec plugin, no impersonation. Upgrade
 // requests (exec, attach, port-forward over SPDY or WebSocket) go over
@@ -55,7 +36,7 @@ const (
 // end (a watch may not end for an hour): StrictMaxConcurrentRequests is
 // false; the requests that come meanwhile wait for that one dial. conns
 // counts the connections open, both pools'.
-func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http.RoundTripper, error) {
+func NewTransport(cfg *rest.Config, conns *ConnectionCount, watches WatchLookup) (*url.URL, http.RoundTripper, error) {
 	target, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("upstream URL: %w", err)
@@ -100,7 +81,7 @@ func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http
 	if h1.TLSClientConfig != nil {
 		h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
 	}
-	t := upgradeAwareTransport{normal: newUpstreamPool(h2), upgrade: h1}
+	t := Transport{normal: newUpstreamPool(h2), upgrade: h1, admitted: watches}
 	// Admitted watches go over watchgate's own HTTP/2 client (watchClient),
 	// which speaks HTTP/2 over TLS directly to the API server: not to an
 	// API server reached through an HTTP proxy (cfg.Proxy, or
@@ -114,20 +95,20 @@ func upstreamTransport(cfg *rest.Config, conns *connectionCount) (*url.URL, http
 	return target, t, nil
 }
 
-// connectionCount counts the proxy's open TCP connections to the API
+// ConnectionCount counts the proxy's open TCP connections to the API
 // server (HTTP/2 connections carrying many requests each, and one per
 // upgraded or HTTP/1.1 request), in the gauge upstreamConnections too.
-type connectionCount struct{ open atomic.Int64 }
+type ConnectionCount struct{ Open atomic.Int64 }
 
 // dialer wraps d's DialContext so that the connections it makes are
 // counted until they close.
-func (c *connectionCount) dialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func (c *ConnectionCount) dialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		c.open.Add(1)
+		c.Open.Add(1)
 		upstreamConnections.Inc()
 		return &countedConn{Conn: conn, count: c}, nil
 	}
@@ -136,13 +117,13 @@ func (c *connectionCount) dialer(d *net.Dialer) func(ctx context.Context, networ
 // countedConn leaves the count on its first Close.
 type countedConn struct {
 	net.Conn
-	count  *connectionCount
+	count  *ConnectionCount
 	closed atomic.Bool
 }
 
 func (c *countedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
-		c.count.open.Add(-1)
+		c.count.Open.Add(-1)
 		upstreamConnections.Dec()
 	}
 	return c.Conn.Close()
@@ -156,18 +137,19 @@ var upstreamConnections = prometheus.NewGauge(prometheus.GaugeOpts{
 
 func init() { metrics.Registry.MustRegister(upstreamConnections) }
 
-// upgradeAwareTransport sends upgrade requests over HTTP/1.1, the only
+// Transport sends upgrade requests over HTTP/1.1, the only
 // protocol where Upgrade exists, admitted watches over watchgate's own
 // HTTP/2 client (watches; nil when it cannot reach the API server) and
 // everything else over net/http's HTTP/2 (normal).
-type upgradeAwareTransport struct {
+type Transport struct {
 	normal, upgrade http.RoundTripper
 	watches         *watchClient
+	admitted        WatchLookup // nil: no request is an admitted watch
 }
 
 // CloseIdleConnections closes the transports' connections that carry
 // no request.
-func (t upgradeAwareTransport) CloseIdleConnections() {
+func (t Transport) CloseIdleConnections() {
 	if t.watches != nil {
 		t.watches.CloseIdleConnections()
 	}
@@ -178,27 +160,42 @@ func (t upgradeAwareTransport) CloseIdleConnections() {
 	}
 }
 
-func (t upgradeAwareTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (t Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
 		return t.upgrade.RoundTrip(r)
 	}
 	if t.watches != nil && r.URL.Scheme == "https" && r.Method == http.MethodGet && (r.Body == nil || r.Body == http.NoBody) &&
-		admittedWatchFrom(r.Context()) != nil {
+		t.admitted != nil && t.admitted(r.Context()) != nil {
 		return t.watches.RoundTrip(r)
 	}
 	return t.normal.RoundTrip(r)
 }
 
+// AdmittedWatch is an admitted watch, as the forwarder reports to it what
+// the API server answered.
+type AdmittedWatch interface {
+	// UpstreamAnswered sees the API server's response before the
+	// reverse proxy sends its headers.
+	UpstreamAnswered(resp *http.Response)
+	// UpstreamFailed learns that the API server did not answer; it
+	// reports whether the proxy itself closed the watch (shutdown).
+	UpstreamFailed() (stoppedByProxy bool)
+}
+
+// WatchLookup returns the admitted watch a request is, nil for every
+// other request.
+type WatchLookup func(ctx context.Context) AdmittedWatch
+
 // forwardedHeaders are the caller's proxy headers, which Rewrite strips and
 // the proxy puts back (strip nothing but hop-by-hop headers).
 var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// newReverseProxy forwards to target through transport. Responses are
+// NewReverseProxy forwards to target through transport. Responses are
 // flushed on every write, so watch events reach the client as they come;
 // 101 Switching Protocols is handled by ReverseProxy itself. An admitted
 // watch's 200 stream is wrapped to learn from it (watchBody) and relayed
 // after the reverse proxy has sent the headers (watchState.relay).
-func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledlog.Logger) *httputil.ReverseProxy {
+func NewReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledlog.Logger, watches WatchLookup) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -215,19 +212,19 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 			}
 		},
 		Transport:     transport,
-		BufferPool:    copyBuffers{},
+		BufferPool:    CopyBuffers{},
 		FlushInterval: -1,
 		ErrorLog:      errorLog,
 		ModifyResponse: func(resp *http.Response) error {
-			if ws := admittedWatchFrom(resp.Request.Context()); ws != nil {
-				ws.upstreamAnswered(resp)
+			if ws := watches(resp.Request.Context()); ws != nil {
+				ws.UpstreamAnswered(resp)
 			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			stopped := false
-			if ws := admittedWatchFrom(r.Context()); ws != nil {
-				stopped = ws.upstreamFailed()
+			if ws := watches(r.Context()); ws != nil {
+				stopped = ws.UpstreamFailed()
 			}
 			switch {
 			case stopped:
@@ -242,25 +239,25 @@ func newReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 	}
 }
 
-// copyBufferBytes is the size of the buffer the forwarder copies a
+// CopyBufferBytes is the size of the buffer the forwarder copies a
 // response body through, ReverseProxy's own default.
-const copyBufferBytes = 32 << 10
+const CopyBufferBytes = 32 << 10
 
 // copyBufferPool recycles the forwarder's copy buffers, and the relay's
 // while a watch's bytes flow (copyWatch). Without it ReverseProxy
 // allocates one per response: 32 KiB of garbage for every GET and every
 // watch open, the largest allocation of a request (~29 KB of the ~50 KB
 // the proxy allocated per watch open without the pool).
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, copyBufferBytes); return &b }}
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, CopyBufferBytes); return &b }}
 
-// copyBuffers is an httputil.BufferPool over copyBufferPool.
-type copyBuffers struct{}
+// CopyBuffers is an httputil.BufferPool over copyBufferPool.
+type CopyBuffers struct{}
 
-func (copyBuffers) Get() []byte { return *copyBufferPool.Get().(*[]byte) }
+func (CopyBuffers) Get() []byte { return *copyBufferPool.Get().(*[]byte) }
 
-func (copyBuffers) Put(b []byte) {
-	if cap(b) == copyBufferBytes {
-		b = b[:copyBufferBytes]
+func (CopyBuffers) Put(b []byte) {
+	if cap(b) == CopyBufferBytes {
+		b = b[:CopyBufferBytes]
 		copyBufferPool.Put(&b)
 	}
 }
