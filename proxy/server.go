@@ -14,8 +14,6 @@ import (
 
 	"github.com/go-logr/logr"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
@@ -106,12 +104,24 @@ func NewServer(opts Options) (*Server, error) {
 	decisionLogs := sampledlog.New(lg.WithName("decisions"), 10, 50)
 	errorLog := errorLogs.StdLogger()
 
-	reviewed := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()),
-		newReviewCache("token", o.TokenCacheSize,
-			newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked).
-				withReserve(o.ReviewsPerSecond*recentTokensShare, int(float64(o.ReviewBurst)*recentTokensShare)),
-			o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
-		utilcache.NewLRUExpireCacheWithClock(max(1, o.TokenCacheSize/4), o.Clock),
+	// The caches and review budgets, one per line. Token reviews have
+	// their own budget, fair per client network, with a share reserved
+	// for tokens valid recently; SubjectAccessReviews for impersonation
+	// and for the top endpoint share one budget per caller and one shared
+	// budget, so that reading the top endpoint cannot become a second
+	// flood of reviews.
+	tokenBudget := newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked).
+		withReserve(o.ReviewsPerSecond*recentTokensShare, int(float64(o.ReviewBurst)*recentTokensShare))
+	tokenReviews := newReviewCache("token", o.TokenCacheSize, tokenBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
+	recentTokens := utilcache.NewLRUExpireCacheWithClock(max(1, o.TokenCacheSize/4), o.Clock)
+	sarBudget := newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
+	impersonationReviews := newReviewCache("impersonation", o.ImpersonationCacheSize, sarBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
+	accessReviews := newReviewCache("access", maxTopAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock)
+	knownImpersonators := utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock)
+
+	// Who the caller is: service-account tokens verified locally when on,
+	// every other token by TokenReview.
+	reviewed := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()), tokenReviews, recentTokens,
 		o.TokenCacheTTL, o.TokenCacheNegativeTTL, recentTokensTTL)
 	var saTokens *serviceAccountTokens
 	if *o.LocalServiceAccountTokens {
@@ -123,48 +133,31 @@ func NewServer(opts Options) (*Server, error) {
 		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
 	}
 	tokens := localThenReviewed(saTokens, reviewed, o.Clock)
-	// SubjectAccessReviews for impersonation and for the top endpoint
-	// share one budget per caller and one shared budget, so that reading
-	// the top endpoint cannot become a second flood of reviews.
+
+	// Who may impersonate whom, and who may read the top endpoint.
 	sars := subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews())
-	sarBudget := newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
-	knownImpersonators := utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock)
-	impersonation := cachedAuthorizer(sars,
-		newReviewCache("impersonation", o.ImpersonationCacheSize, sarBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock),
-		knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
-	access := cachedAuthorizer(sars,
-		newReviewCache("access", maxTopAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock),
-		knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	impersonation := cachedAuthorizer(sars, impersonationReviews, knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	access := cachedAuthorizer(sars, accessReviews, knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
 	top := newTopEndpoint(o.Engine, access, o.ReplicaName, o.Clock, errorLogs)
+
+	// Admission: the budget, then the replica's share of watches.
 	watches := newOpenWatches()
+	guard := newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
+	opens := newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
+	warnings := newWarningLimiter(warningInterval, maxWarnedIdentities)
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
 		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
-		guard:    newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock),
-		opens:    newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity),
-		warnings: newWarningLimiter(warningInterval, maxWarnedIdentities),
+		guard: guard, opens: opens, warnings: warnings,
 	}
-	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, upstream.NewReverseProxy(target, transport, errorLog, errorLogs, forwardedWatch))
+	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, forwardedWatch)
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, forward)
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,
 		upstream: transport.(upstream.Transport),
 	}, nil
-}
-
-// chain builds the filter chain, once: authenticate, answer the top
-// endpoint's paths (top) or classify, find the budget identity (only for
-// what a budget decides), admit (the budget, then the replica's watch
-// guard), forward; an admitted watch's stream is relayed from the top
-// (withRelayAtTop).
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
-	h := withAdmission(adm, forward)
-	h = withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, h)
-	h = withClassification(newRequestInfoFactory(), logs, h)
-	h = withTop(top, h)
-	h = withAuthentication(tokens, policy, logs, h)
-	return withRelayAtTop(h)
 }
 
 // NeedLeaderElection is false: every replica serves.

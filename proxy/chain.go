@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"net/http"
+
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+
+	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+)
+
+// A step is one filter of the chain, or one sub-step of the admission
+// filter, in the order a request meets it. name is the step's heading in
+// docs/architecture.md's "One request" walk (chain_test.go keeps the two
+// in agreement).
+type step struct {
+	name string
+	// filter wraps the rest of the chain; nil for a sub-step that a filter
+	// listed before it runs (the admission filter's) and for what comes
+	// after the last filter.
+	filter func(next http.Handler) http.Handler
+}
+
+// steps is the filter chain, outermost first, with the admission filter's
+// sub-steps in the order withAdmission runs them:
+//
+//   - the relay at the top comes first, so that an admitted watch's stream
+//     is relayed once every filter below has returned (relayattop.go);
+//   - authentication before anything that reads the caller; the top
+//     endpoint's paths are answered right after it, never classified or
+//     forwarded;
+//   - classification before identity, because only what a budget charges
+//     needs a budget identity (and its SubjectAccessReview);
+//   - within admission: coalescing before the budget, so that a follower
+//     is decided after its leader learnt whether the version is stale;
+//     the budget before the watch guard, so that a watch holds a place on
+//     the replica only once its budget admitted it; the watch opens last,
+//     taken only by a watch about to go upstream;
+//   - then the reverse proxy forwards, and the stream is relayed (from the
+//     top) and read as it passes.
+func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger) []step {
+	return []step{
+		{"Relay from the top", withRelayAtTop},
+		{"Authenticate", func(next http.Handler) http.Handler { return withAuthentication(tokens, policy, logs, next) }},
+		{"Answer the top endpoint", func(next http.Handler) http.Handler { return withTop(top, next) }},
+		{"Classify", func(next http.Handler) http.Handler { return withClassification(newRequestInfoFactory(), logs, next) }},
+		{"Identify", func(next http.Handler) http.Handler {
+			return withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, next)
+		}},
+		{"Coalesce", func(next http.Handler) http.Handler { return withAdmission(adm, next) }},
+		{"Admit", nil},             // withAdmission: engine.Decide
+		{"Guard the replica", nil}, // withAdmission: watchGuard.admit
+		{"Limit watch opens", nil}, // withAdmission: watchOpenRate.allow
+		{"Forward", nil},           // forward, the reverse proxy
+		{"Stream and learn", nil},  // watchState.relay, from withRelayAtTop
+	}
+}
+
+// chain builds the filter chain of steps, once, in front of forward.
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
+	s := steps(tokens, impersonation, policy, adm, top, logs)
+	h := forward
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i].filter != nil {
+			h = s[i].filter(h)
+		}
+	}
+	return h
+}
