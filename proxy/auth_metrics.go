@@ -8,21 +8,6 @@ import (
 // Metrics of authentication and impersonation checks. No label holds a
 // user name, a token or a client address: every label is an enum.
 var (
-	reviewsSent = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_reviews_sent_total",
-		Help: "TokenReviews (review=token), impersonation SubjectAccessReviews (review=impersonation) and the top endpoint's access SubjectAccessReviews (review=access) sent to the API server.",
-	}, []string{"review"})
-
-	reviewsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_reviews_failed_total",
-		Help: "Reviews sent that failed or timed out, by review (token, impersonation, access).",
-	}, []string{"review"})
-
-	reviewFailOpen = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_review_fail_open_total",
-		Help: "Requests forwarded although their review failed (--review-failure-policy=Open), by review (token, impersonation).",
-	}, []string{"review"})
-
 	localVerifications = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_local_token_verifications_total",
 		Help: "Bearer tokens by local service-account verification result: valid (no TokenReview), forged " +
@@ -49,5 +34,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(reviewsSent, reviewsFailed, reviewFailOpen, localVerifications, keyRefreshes, boundObjectLookupErrors, credentialsRefused)
+	metrics.Registry.MustRegister(localVerifications, keyRefreshes, boundObjectLookupErrors, credentialsRefused)
 }

@@ -5,13 +5,11 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
-	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -24,67 +22,13 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
 // maxTokenBytes bounds a bearer token; longer ones are rejected unreviewed.
 // Service-account tokens are about 1 KiB, OIDC tokens a few KiB.
 const maxTokenBytes = 16 << 10
-
-// ReviewFailurePolicy says what the proxy does with a request whose token
-// or impersonation it cannot review because the API server's TokenReview
-// or SubjectAccessReview failed or took longer than ReviewTimeout.
-type ReviewFailurePolicy string
-
-const (
-	// FailClosed answers 503 ServiceUnavailable with a Status and
-	// Retry-After; nothing is forwarded. The default.
-	FailClosed ReviewFailurePolicy = "Closed"
-	// FailOpen forwards the request (the API server still authenticates
-	// and authorizes it with the caller's own credentials) and charges it
-	// to an identity the caller cannot otherwise spend: a token that could
-	// not be reviewed is charged to a user of its own named by a hash of
-	// the token, system:watchgate:unreviewed:<hash>, in the group
-	// system:watchgate:unreviewed (impersonation headers ignored; see
-	// unreviewedCaller); an impersonation that could not be checked is
-	// charged to the caller itself. Throttled reviews (the proxy's own flood protection) are
-	// 429 in both policies.
-	FailOpen ReviewFailurePolicy = "Open"
-)
-
-// unreviewedPrefix and unreviewedGroup name whom FailOpen charges for a
-// token it could not review. "system:" names are reserved for Kubernetes
-// itself.
-const (
-	unreviewedGroup  = "system:watchgate:unreviewed"
-	unreviewedPrefix = unreviewedGroup + ":"
-)
-
-// unreviewedSalt keys unreviewedCaller's hashes, so that they cannot be
-// precomputed from a token.
-var unreviewedSalt = func() (b [32]byte) {
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err) // crypto/rand never fails
-	}
-	return b
-}()
-
-// unreviewedCaller is whom FailOpen charges for a token it could not
-// review: a user of the token's own, named by 64 bits of a salted hash of
-// it, in unreviewedGroup. A budget governs them all by the group, but each
-// token spends its own buckets, so that one caller's flood while reviews
-// fail does not refuse every other caller (as one shared identity would).
-// The engine bounds the identities it tracks (Options.MaxTrackedKeys), so
-// a flood of random tokens costs bounded memory.
-func unreviewedCaller(token string) *user.DefaultInfo {
-	h := sha256.New()
-	h.Write(unreviewedSalt[:])
-	h.Write([]byte(token))
-	return &user.DefaultInfo{Name: unreviewedPrefix + hex.EncodeToString(h.Sum(nil)[:8]), Groups: []string{unreviewedGroup}}
-}
-
-// isUnreviewed reports whether u is an unreviewedCaller.
-func isUnreviewed(u user.Info) bool { return strings.HasPrefix(u.GetName(), unreviewedPrefix) }
 
 // withAuthentication admits only requests that carry a bearer token auth
 // accepts, and leaves the caller's user.Info in the context. The token is
@@ -98,7 +42,7 @@ func isUnreviewed(u user.Info) bool { return strings.HasPrefix(u.GetName(), unre
 // spends. The Authorization
 // header is left untouched: the API server checks the token again on the
 // forwarded request.
-func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, log *sampledlog.Logger, next http.Handler) http.Handler {
+func withAuthentication(auth authenticator.Token, policy review.FailurePolicy, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, err := requestToken(r.Header)
 		switch {
@@ -111,13 +55,13 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		ctx := withReviewRequester(r.Context(), clientPrefix(r))
+		ctx := review.WithRequester(r.Context(), clientPrefix(r))
 		resp, ok, err := auth.AuthenticateToken(ctx, token)
 		switch {
 		case err != nil:
-			if policy.failed(w, r, tokenReview, err, log) {
+			if policy.Failed(w, r, review.Token, err, log) {
 				st, r := stateOf(r)
-				st.caller = unreviewedCaller(token)
+				st.caller = review.UnreviewedCaller(token)
 				next.ServeHTTP(w, r)
 			}
 			return
@@ -129,57 +73,6 @@ func withAuthentication(auth authenticator.Token, policy ReviewFailurePolicy, lo
 		st.caller = resp.User
 		next.ServeHTTP(w, r)
 	})
-}
-
-// reviewKind is one kind of review, as ReviewFailurePolicy.failed names
-// it to the client, the logs and the metrics.
-type reviewKind struct {
-	label       string // the metrics label: token, impersonation, access
-	throttled   string // the 429 message
-	unavailable string // what the 503 message says is unavailable
-	failOpen    string // the log message under FailOpen
-	failClosed  string // the log message under FailClosed
-}
-
-var (
-	tokenReview = reviewKind{
-		label: "token", throttled: "too many new tokens to review, please try again later", unavailable: "authentication",
-		failOpen: "Cannot review token; forwarding as unreviewed (fail open)", failClosed: "Cannot review token",
-	}
-	impersonationReview = reviewKind{
-		label: "impersonation", throttled: "too many impersonation checks, please try again later", unavailable: "the impersonation check",
-		failOpen: "Cannot check impersonation; charging the caller (fail open)", failClosed: "Cannot check impersonation",
-	}
-	// accessReview checks a caller of the top endpoint, which always
-	// fails closed.
-	accessReview = reviewKind{
-		label: "access", throttled: "too many access checks, please try again later", unavailable: "the access check",
-		failClosed: "Cannot check access to the top endpoint",
-	}
-)
-
-// failed answers a request whose review of kind k ended with err
-// (non-nil), the one place where the policy is applied: 429 with
-// Retry-After when reviews are throttled (in both policies), nothing when
-// the client left, 503 with Retry-After under FailClosed. Under FailOpen
-// it answers nothing and returns true: the caller forwards the request,
-// charged as FailOpen says. keysAndValues go to the log line.
-func (p ReviewFailurePolicy) failed(w http.ResponseWriter, r *http.Request, k reviewKind, err error, log *sampledlog.Logger, keysAndValues ...any) (forward bool) {
-	switch {
-	case errors.Is(err, errReviewsThrottled):
-		answer.WriteStatus(w, r, apierrors.NewTooManyRequests(k.throttled, 1))
-		return false
-	case r.Context().Err() != nil:
-		return false // the client left
-	case p == FailOpen:
-		log.Info(k.failOpen, append(keysAndValues, "err", err.Error())...)
-		reviewFailOpen.WithLabelValues(k.label).Inc()
-		return true
-	default:
-		log.Info(k.failClosed, append(keysAndValues, "err", err.Error())...)
-		answer.WriteStatus(w, r, answer.ServiceUnavailable(k.unavailable+" is unavailable, please try again later", 1))
-		return false
-	}
 }
 
 // clientPrefix is the network the request came from, the requester of its
@@ -290,7 +183,7 @@ const (
 // in recent (by key, for recentTTL, bounded in count; nil: none): when
 // such a token's answer has expired from the cache, its new review takes
 // laneRecent, the review budget a flood of unknown tokens cannot spend.
-func cachedTokens(inner authenticator.Token, cache *reviewCache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
+func cachedTokens(inner authenticator.Token, cache *review.Cache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
 	hmacKey := make([]byte, 32)
 	if _, err := rand.Read(hmacKey); err != nil {
 		panic(err) // crypto/rand never fails
@@ -300,13 +193,13 @@ func cachedTokens(inner authenticator.Token, cache *reviewCache, recent *utilcac
 		mac.Write([]byte(token))
 		var sum [sha256.Size]byte
 		key := string(mac.Sum(sum[:0]))
-		lane := laneNew
+		lane := review.LaneNew
 		if recent != nil {
 			if _, ok := recent.Get(key); ok {
-				lane = laneRecent
+				lane = review.LaneRecent
 			}
 		}
-		v, err := cache.get(ctx, key, reviewRequesterFrom(ctx), lane, func(ctx context.Context) (any, time.Duration, error) {
+		v, err := cache.Get(ctx, key, review.RequesterFrom(ctx), lane, func(ctx context.Context) (any, time.Duration, error) {
 			resp, ok, err := inner.AuthenticateToken(ctx, token)
 			switch {
 			case err != nil:

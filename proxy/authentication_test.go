@@ -19,6 +19,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
 func TestAuthentication(t *testing.T) {
@@ -39,13 +41,13 @@ func TestAuthentication(t *testing.T) {
 		"a WebSocket subprotocol that is not base64 is no token": {
 			header: "ws:base64url.bearer.authorization.k8s.io.!!", auth: testTokens, wantCode: 401,
 		},
-		"throttled reviews get 429 with Retry-After":    {header: "Bearer alice", auth: failingTokens(errReviewsThrottled), wantCode: 429},
+		"throttled reviews get 429 with Retry-After":    {header: "Bearer alice", auth: failingTokens(review.ErrThrottled), wantCode: 429},
 		"a review that fails gets 503 with Retry-After": {header: "Bearer alice", auth: failingTokens(errors.New("boom")), wantCode: 503},
 		"an oversized token is rejected without review": {header: "Bearer " + string(make([]byte, maxTokenBytes+1)), auth: failingTokens(errors.New("reviewed")), wantCode: 401},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(tc.auth, FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := withAuthentication(tc.auth, review.FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				u, _ := callerFrom(r.Context())
 				got = u.GetName()
 			}))
@@ -104,7 +106,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a good and a bad token are each reviewed once per TTL", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0)
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
+		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
 		for range 5 {
 			if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
 				t.Fatalf("good token: %v %v", ok, err)
@@ -127,12 +129,12 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a flood of random tokens costs at most the review burst", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
+		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
 		throttled := 0
 		for i := range 1000 {
 			_, ok, err := auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
 			switch {
-			case errors.Is(err, errReviewsThrottled):
+			case errors.Is(err, review.ErrThrottled):
 				throttled++
 			case ok || err != nil:
 				t.Fatalf("random token: %v %v", ok, err)
@@ -148,7 +150,7 @@ func TestTokenCache(t *testing.T) {
 		inner := &countingTokens{}
 		recent := utilcache.NewLRUExpireCacheWithClock(100, clk)
 		// Buckets that refill too slowly to matter within the test.
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(0.001, 5, 1000, 1000, 100).withReserve(0.001, 2), 4, 10*time.Second, clk),
+		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(0.001, 5, 1000, 1000, 100).WithReserve(0.001, 2), 4, 10*time.Second, clk),
 			recent, time.Minute, 10*time.Second, time.Hour)
 		if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
 			t.Fatalf("good token: %v %v", ok, err)
@@ -156,7 +158,7 @@ func TestTokenCache(t *testing.T) {
 		for i := range 100 {
 			_, _, _ = auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
 		}
-		if _, _, err := auth.AuthenticateToken(ctx, "another-unknown"); !errors.Is(err, errReviewsThrottled) {
+		if _, _, err := auth.AuthenticateToken(ctx, "another-unknown"); !errors.Is(err, review.ErrThrottled) {
 			t.Fatalf("an unknown token with the shared bucket empty: %v, want throttled", err)
 		}
 		for range 2 { // the good token's answer expires twice; each time it is reviewed again
@@ -166,14 +168,14 @@ func TestTokenCache(t *testing.T) {
 			}
 		}
 		clk.Step(61 * time.Second)
-		if _, _, err := auth.AuthenticateToken(ctx, "good"); !errors.Is(err, errReviewsThrottled) {
+		if _, _, err := auth.AuthenticateToken(ctx, "good"); !errors.Is(err, review.ErrThrottled) {
 			t.Fatalf("a third revalidation beyond the reserved burst 2: %v, want throttled", err)
 		}
 	})
 
 	t.Run("concurrent requests with one token share one review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
+		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
 		var wg sync.WaitGroup
 		for range 10 {
 			wg.Go(func() {
@@ -193,7 +195,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a caller that leaves does not wait for the review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
 		defer close(inner.release)
-		auth := cachedTokens(inner, newReviewCache("token", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
+		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 		defer cancel()
 		if _, _, err := auth.AuthenticateToken(cctx, "good"); !errors.Is(err, context.DeadlineExceeded) {
@@ -224,7 +226,7 @@ func TestClientPrefix(t *testing.T) {
 // shared by every caller whose review failed.
 func TestFailOpenChargesEachTokenItsOwnIdentity(t *testing.T) {
 	var got []user.Info
-	h := withAuthentication(failingTokens(errors.New("boom")), FailOpen, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := withAuthentication(failingTokens(errors.New("boom")), review.FailOpen, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u, _ := callerFrom(r.Context())
 		got = append(got, u)
 	}))
@@ -239,7 +241,7 @@ func TestFailOpenChargesEachTokenItsOwnIdentity(t *testing.T) {
 	}
 	for i, u := range got {
 		if !strings.HasPrefix(u.GetName(), "system:watchgate:unreviewed:") || len(u.GetName()) > 64 ||
-			len(u.GetGroups()) != 1 || u.GetGroups()[0] != "system:watchgate:unreviewed" || !isUnreviewed(u) {
+			len(u.GetGroups()) != 1 || u.GetGroups()[0] != "system:watchgate:unreviewed" || !review.IsUnreviewed(u) {
 			t.Errorf("caller %d: %s %v, want system:watchgate:unreviewed:<hash> in group system:watchgate:unreviewed", i, u.GetName(), u.GetGroups())
 		}
 	}

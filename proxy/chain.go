@@ -6,6 +6,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
@@ -38,7 +39,7 @@ type step struct {
 //     taken only by a watch about to go upstream;
 //   - then the reverse proxy forwards, and the stream is relayed (from the
 //     top) and read as it passes.
-func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger) []step {
+func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger) []step {
 	return []step{
 		{"Relay from the top", withRelayAtTop},
 		{"Authenticate", func(next http.Handler) http.Handler { return withAuthentication(tokens, policy, logs, next) }},
@@ -57,7 +58,7 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 }
 
 // chain builds the filter chain of steps, once, in front of forward.
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy ReviewFailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
 	s := steps(tokens, impersonation, policy, adm, top, logs)
 	h := forward
 	for i := len(s) - 1; i >= 0; i-- {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
 // docs/architecture.md's "One request" walks the steps in chain.go's
@@ -30,7 +32,7 @@ func TestArchitectureWalksTheChainInOrder(t *testing.T) {
 		inDoc = append(inDoc, m[2])
 	}
 	var inChain []string
-	for _, s := range steps(nil, nil, FailClosed, nil, nil, nil) {
+	for _, s := range steps(nil, nil, review.FailClosed, nil, nil, nil) {
 		inChain = append(inChain, s.name)
 	}
 	if !slices.Equal(inDoc, inChain) {

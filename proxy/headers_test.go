@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
 // The identity the proxy charges must be the one the API server serves:
@@ -70,7 +72,7 @@ func TestCredentialHeadersReadAsKubeAPIServerReadsThem(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(testTokens, FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := withAuthentication(testTokens, review.FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				u, _ := callerFrom(r.Context())
 				got = u.GetName()
 			}))

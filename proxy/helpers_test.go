@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -147,7 +148,7 @@ func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *htt
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
 	top := newTopEndpoint(adm.engine, testAccess, "replica-0", clock.RealClock{}, logs)
 	top.reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
-	h := chain(testTokens, testImpersonation, FailClosed, adm, top, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
+	h := chain(testTokens, testImpersonation, review.FailClosed, adm, top, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

@@ -23,6 +23,7 @@ import (
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -50,7 +51,7 @@ import (
 //
 // Only the classic "impersonate" verb is checked; a caller allowed only
 // constrained impersonation is charged in its own name.
-func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
+func withBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller, ok := callerFrom(r.Context())
 		if !ok {
@@ -63,7 +64,7 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 			return
 		}
 		c, ok := classificationFrom(r.Context())
-		if target == nil || isUnreviewed(caller) || !ok || c.Verb == 0 ||
+		if target == nil || review.IsUnreviewed(caller) || !ok || c.Verb == 0 ||
 			charges != nil && !charges(budgetRequest(caller, c, false)) && !charges(budgetRequest(target, c, true)) {
 			next.ServeHTTP(w, r)
 			return
@@ -72,7 +73,7 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy ReviewFailurePolicy, 
 			decision, _, err := auth.Authorize(r.Context(), attrs)
 			switch {
 			case err != nil:
-				if policy.failed(w, r, impersonationReview, err, log, "caller", caller.GetName()) {
+				if policy.Failed(w, r, review.Impersonation, err, log, "caller", caller.GetName()) {
 					next.ServeHTTP(w, r)
 				}
 				return
@@ -227,14 +228,14 @@ type authorizerAnswer struct {
 // shared bucket (fairReviews), so a flood from callers without rights
 // cannot starve an authorised agent's checks. known holds those callers,
 // by hash, bounded in count.
-func cachedAuthorizer(inner authorizer.Authorizer, cache *reviewCache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
+func cachedAuthorizer(inner authorizer.Authorizer, cache *review.Cache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
 	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 		requester := reviewerKeyOf(a.GetUser())
-		lane := laneNew
+		lane := review.LaneNew
 		if _, ok := known.Get(requester); ok {
-			lane = laneTrusted
+			lane = review.LaneTrusted
 		}
-		v, err := cache.get(ctx, attributesKey(a), requester, lane, func(ctx context.Context) (any, time.Duration, error) {
+		v, err := cache.Get(ctx, attributesKey(a), requester, lane, func(ctx context.Context) (any, time.Duration, error) {
 			d, reason, err := inner.Authorize(ctx, a)
 			if err != nil {
 				return nil, 0, err

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -23,7 +24,7 @@ func TestBudgetIdentity(t *testing.T) {
 		caller     user.Info
 		headers    map[string][]string
 		auth       authorizer.Authorizer
-		policy     ReviewFailurePolicy
+		policy     review.FailurePolicy
 		charges    chargesFunc // default: every request is charged
 		path       string      // default a watch of pods
 		wantCode   int         // default 200
@@ -64,7 +65,7 @@ func TestBudgetIdentity(t *testing.T) {
 			wantCode: 503,
 		},
 		"a failing review with FailOpen charges the caller, never the impersonated user": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, policy: FailOpen,
+			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, policy: review.FailOpen,
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				return authorizer.DecisionAllow, "", errors.New("unreachable")
 			}),
@@ -73,7 +74,7 @@ func TestBudgetIdentity(t *testing.T) {
 		"throttled reviews get 429": {
 			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
-				return authorizer.DecisionNoOpinion, "", errReviewsThrottled
+				return authorizer.DecisionNoOpinion, "", review.ErrThrottled
 			}),
 			wantCode: 429,
 		},
@@ -117,7 +118,7 @@ func TestBudgetIdentity(t *testing.T) {
 			}
 			policy := tc.policy
 			if policy == "" {
-				policy = FailClosed
+				policy = review.FailClosed
 			}
 			path := tc.path
 			if path == "" {
@@ -174,7 +175,7 @@ func TestImpersonationCache(t *testing.T) {
 		return testImpersonation.Authorize(ctx, a)
 	})
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	auth := cachedAuthorizer(inner, newReviewCache("impersonation", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), utilcache.NewLRUExpireCacheWithClock(100, clk), time.Minute, 10*time.Second)
+	auth := cachedAuthorizer(inner, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), utilcache.NewLRUExpireCacheWithClock(100, clk), time.Minute, 10*time.Second)
 	check := func(caller user.Info, name string) authorizer.Decision {
 		d, _, err := auth.Authorize(context.Background(), &authorizer.AttributesRecord{User: caller, Verb: "impersonate", Resource: "users", Name: name, ResourceRequest: true})
 		if err != nil {
@@ -218,7 +219,7 @@ func TestOnlyImpersonatingUsersOrGroupsEarnsThePrivilegedLane(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 			known := utilcache.NewLRUExpireCacheWithClock(100, clk)
-			auth := cachedAuthorizer(allowAll, newReviewCache("impersonation", 100, newFairReviews(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), known, time.Minute, 10*time.Second)
+			auth := cachedAuthorizer(allowAll, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), known, time.Minute, 10*time.Second)
 			group := ""
 			if tc.resource == "userextras" || tc.resource == "uids" {
 				group = "authentication.k8s.io"

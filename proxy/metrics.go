@@ -45,19 +45,9 @@ var (
 		Help:    "Time the engine took to decide a watch or list, by verb (watch, list).",
 		Buckets: []float64{1e-6, 5e-6, 25e-6, 1e-4, 5e-4, 2.5e-3, 1e-2, 5e-2},
 	}, []string{"verb"})
-
-	reviewCacheLookups = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_review_cache_lookups_total",
-		Help: "Lookups in the TokenReview (review=token), impersonation SubjectAccessReview (review=impersonation) and top endpoint access SubjectAccessReview (review=access) caches, by result (hit, miss).",
-	}, []string{"review", "result"})
-
-	reviewsThrottled = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_reviews_throttled_total",
-		Help: "Reviews not sent because the review rate or concurrency limit was reached, by review (token, impersonation, access).",
-	}, []string{"review"})
 )
 
 func init() {
 	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesCoalesced,
-		staleVersionsLearned, decisionSeconds, reviewCacheLookups, reviewsThrottled)
+		staleVersionsLearned, decisionSeconds)
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -111,7 +112,7 @@ type Options struct {
 	// fails or times out: FailClosed (default, 503 with Retry-After) or
 	// FailOpen (see FailOpen for whom it is charged to).
 	ReviewTimeout       time.Duration
-	ReviewFailurePolicy ReviewFailurePolicy
+	ReviewFailurePolicy review.FailurePolicy
 
 	// LocalServiceAccountTokens verifies the API server's service-account
 	// JWTs locally against its published keys instead of with a
@@ -261,9 +262,9 @@ func (o *Options) Validate() error {
 		}
 	}
 	switch o.ReviewFailurePolicy {
-	case "", FailClosed, FailOpen:
+	case "", review.FailClosed, review.FailOpen:
 	default:
-		errs = append(errs, fmt.Errorf("reviewFailurePolicy: must be %q or %q, got %q", FailClosed, FailOpen, o.ReviewFailurePolicy))
+		errs = append(errs, fmt.Errorf("reviewFailurePolicy: must be %q or %q, got %q", review.FailClosed, review.FailOpen, o.ReviewFailurePolicy))
 	}
 	if o.MaxWatchesPerIdentity < 0 || (o.MaxWatches > 0 && o.MaxWatchesPerIdentity > o.MaxWatches) {
 		errs = append(errs, fmt.Errorf("maxWatchesPerIdentity: must be within 0–maxWatches (0: a quarter of maxWatches), got %d", o.MaxWatchesPerIdentity))
@@ -314,7 +315,7 @@ func (o Options) complete() Options {
 	defInt(&o.ReviewRequestersTracked, 4096)
 	def(&o.ReviewTimeout, 10*time.Second)
 	if o.ReviewFailurePolicy == "" {
-		o.ReviewFailurePolicy = FailClosed
+		o.ReviewFailurePolicy = review.FailClosed
 	}
 	if o.LocalServiceAccountTokens == nil {
 		yes := true

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -46,9 +47,9 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 		guard: newWatchGuard(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
 	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
-	h = withBudgetIdentity(testImpersonation, FailClosed, chargesOf(engine), logs, h)
+	h = withBudgetIdentity(testImpersonation, review.FailClosed, chargesOf(engine), logs, h)
 	h = withClassification(newRequestInfoFactory(), logs, h)
-	h = withAuthentication(testTokens, FailClosed, logs, h)
+	h = withAuthentication(testTokens, review.FailClosed, logs, h)
 	panicking := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r)
 		panic("a filter failed on the way back")

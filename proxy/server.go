@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 )
@@ -110,13 +111,13 @@ func NewServer(opts Options) (*Server, error) {
 	// and for the top endpoint share one budget per caller and one shared
 	// budget, so that reading the top endpoint cannot become a second
 	// flood of reviews.
-	tokenBudget := newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked).
-		withReserve(o.ReviewsPerSecond*recentTokensShare, int(float64(o.ReviewBurst)*recentTokensShare))
-	tokenReviews := newReviewCache("token", o.TokenCacheSize, tokenBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
+	tokenBudget := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked).
+		WithReserve(o.ReviewsPerSecond*recentTokensShare, int(float64(o.ReviewBurst)*recentTokensShare))
+	tokenReviews := review.NewCache("token", o.TokenCacheSize, tokenBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
 	recentTokens := utilcache.NewLRUExpireCacheWithClock(max(1, o.TokenCacheSize/4), o.Clock)
-	sarBudget := newFairReviews(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
-	impersonationReviews := newReviewCache("impersonation", o.ImpersonationCacheSize, sarBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
-	accessReviews := newReviewCache("access", maxTopAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock)
+	sarBudget := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
+	impersonationReviews := review.NewCache("impersonation", o.ImpersonationCacheSize, sarBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
+	accessReviews := review.NewCache("access", maxTopAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock)
 	knownImpersonators := utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock)
 
 	// Who the caller is: service-account tokens verified locally when on,

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
@@ -81,7 +82,7 @@ type serviceAccountTokens struct {
 	clock     clock.PassiveClock
 	// unknownKid limits the key fetches caused by unknown key ids, per
 	// client network and in all (see plausible).
-	unknownKid *fairReviews
+	unknownKid *review.Budget
 	flights    singleflight.Group
 	// bound checks that a token's objects still exist; nil: not checked.
 	bound *boundObjects
@@ -149,7 +150,7 @@ const (
 func newServiceAccountTokens(client rest.Interface, audiences []string, clk clock.PassiveClock, cacheSize int, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
 	s := &serviceAccountTokens{
 		client: client, audiences: audiences, clock: clk, bound: bound,
-		unknownKid: newFairReviews(keyRefreshesPerSecond, 1, float64(rate.Every(minKeyRefresh)), 1, keyRefreshRequesters),
+		unknownKid: review.NewBudget(keyRefreshesPerSecond, 1, float64(rate.Every(minKeyRefresh)), 1, keyRefreshRequesters),
 	}
 	if cacheSize > 0 && cacheTTL > 0 {
 		s.verified = utilcache.NewLRUExpireCacheWithClock(cacheSize, clk)
@@ -337,7 +338,7 @@ func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, n
 	}
 	kid := tok.Headers[0].KeyID
 	keys := s.keysFor(kid)
-	if len(keys) == 0 && s.plausible(&unverified, tok, issuer, now) && s.unknownKid.allow(reviewRequesterFrom(ctx), laneNew, now) {
+	if len(keys) == 0 && s.plausible(&unverified, tok, issuer, now) && s.unknownKid.Allow(review.RequesterFrom(ctx), review.LaneNew, now) {
 		_ = s.refresh(ctx)
 		keys = s.keysFor(kid)
 	}

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
 const testIssuer = "https://kubernetes.default.svc.cluster.local"
@@ -164,7 +166,7 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 
 	t.Run("random key ids from one network do not delay a rotation seen from another", func(t *testing.T) {
 		clk.Step(time.Minute)
-		flooded := withReviewRequester(ctx, "10.0.0.0/24")
+		flooded := review.WithRequester(ctx, "10.0.0.0/24")
 		before := issuer.fetches.Load()
 		for i := range 20 {
 			if _, v := sa.verify(flooded, saToken(t, other, fmt.Sprint("random-", i), testIssuer, testIssuer, exp), clk.Now()); v != notLocal {
@@ -178,7 +180,7 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 		rotated := newKey(t)
 		issuer.publish("k3", rotated)
 		clk.Step(time.Second)
-		if _, v := sa.verify(withReviewRequester(ctx, "10.0.1.0/24"), saToken(t, rotated, "k3", testIssuer, testIssuer, exp), clk.Now()); v != validServiceAccount {
+		if _, v := sa.verify(review.WithRequester(ctx, "10.0.1.0/24"), saToken(t, rotated, "k3", testIssuer, testIssuer, exp), clk.Now()); v != validServiceAccount {
 			t.Fatalf("verdict %v for the rotated key, from another network, want valid", v)
 		}
 	})
@@ -202,35 +204,35 @@ func TestServiceAccountTokensVerifiedLocally(t *testing.T) {
 
 func TestFairReviews(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	f := newFairReviews(10, 10, 1, 5, 100).withReserve(2, 2) // shared 10/s burst 10; each 1/s burst 5; reserved 2/s burst 2
-	allowed := func(who string, lane reviewLane, n int) int {
+	f := review.NewBudget(10, 10, 1, 5, 100).WithReserve(2, 2) // shared 10/s burst 10; each 1/s burst 5; reserved 2/s burst 2
+	allowed := func(who string, lane review.Lane, n int) int {
 		ok := 0
 		for range n {
-			if f.allow(who, lane, t0) {
+			if f.Allow(who, lane, t0) {
 				ok++
 			}
 		}
 		return ok
 	}
-	if n := allowed("flooder", laneNew, 1000); n != 5 {
+	if n := allowed("flooder", review.LaneNew, 1000); n != 5 {
 		t.Fatalf("a flooder got %d reviews, want its burst 5", n)
 	}
-	if n := allowed("valid", laneNew, 1); n != 1 {
+	if n := allowed("valid", review.LaneNew, 1); n != 1 {
 		t.Fatal("a valid client was starved by the flooder")
 	}
 	// Four more flooders empty the shared bucket (10 in all).
 	for _, who := range []string{"f2", "f3"} {
-		allowed(who, laneNew, 1000)
+		allowed(who, review.LaneNew, 1000)
 	}
-	if n := allowed("late", laneNew, 1); n != 0 {
+	if n := allowed("late", review.LaneNew, 1); n != 0 {
 		t.Fatalf("the shared bucket should be empty, got %d", n)
 	}
-	if n := allowed("agent", laneTrusted, 3); n != 3 {
+	if n := allowed("agent", review.LaneTrusted, 3); n != 3 {
 		t.Fatalf("a trusted requester got %d of 3, want 3 (it skips the shared bucket)", n)
 	}
 	// A recently valid token of the flooder's own network still gets the
 	// reserved reviews, and only those.
-	if n := allowed("flooder", laneRecent, 5); n != 2 {
+	if n := allowed("flooder", review.LaneRecent, 5); n != 2 {
 		t.Fatalf("a recent token got %d of 5 reviews, want the reserved burst 2", n)
 	}
 }

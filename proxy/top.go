@@ -18,6 +18,7 @@ import (
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -111,7 +112,7 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 		return
 	}
-	if isUnreviewed(caller) {
+	if review.IsUnreviewed(caller) {
 		answer.WriteStatus(w, r, answer.ServiceUnavailable("authentication is unavailable, please try again later", 1))
 		return
 	}
@@ -126,7 +127,7 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case err != nil:
-		FailClosed.failed(w, r, accessReview, err, t.log, "caller", sampledlog.Bounded(caller.GetName()))
+		review.FailClosed.Failed(w, r, review.Access, err, t.log, "caller", sampledlog.Bounded(caller.GetName()))
 		return
 	case decision != authorizer.DecisionAllow:
 		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf(

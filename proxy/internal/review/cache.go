@@ -1,4 +1,4 @@
-package proxy
+package review
 
 import (
 	"context"
@@ -6,29 +6,31 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/lru"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// errReviewsThrottled means a review was needed but the review budget
+// ErrThrottled means a review was needed but the review budget
 // (the requester's own bucket, the shared one, MaxConcurrentReviews) is
 // spent; the client gets 429.
-var errReviewsThrottled = errors.New("too many reviews in flight")
+var ErrThrottled = errors.New("too many reviews in flight")
 
-// reviewCache remembers the answers of an expensive review (TokenReview,
+// Cache remembers the answers of an expensive review (TokenReview,
 // SubjectAccessReview) by key: bounded (LRU), with a TTL per answer, one
 // review in flight per key (singleflight), and fair budgets on the reviews
-// sent (fairReviews), so that a flood of distinct keys from one requester
+// sent (Budget), so that a flood of distinct keys from one requester
 // cannot become a flood of reviews nor spend another requester's reviews.
 // It is safe for concurrent use.
-type reviewCache struct {
+type Cache struct {
 	kind    string // "token" or "impersonation", the metrics label
 	entries *utilcache.LRUExpireCache
 	flights singleflight.Group
-	budget  *fairReviews
+	budget  *Budget
 	// slots caps the reviews in flight; laneRecent's reviews have
 	// reservedSlots of their own, so they never wait behind the others.
 	slots, reservedSlots chan struct{}
@@ -36,8 +38,8 @@ type reviewCache struct {
 	timeout              time.Duration
 }
 
-func newReviewCache(kind string, size int, budget *fairReviews, concurrent int, timeout time.Duration, clk clock.PassiveClock) *reviewCache {
-	return &reviewCache{
+func NewCache(kind string, size int, budget *Budget, concurrent int, timeout time.Duration, clk clock.PassiveClock) *Cache {
+	return &Cache{
 		kind:          kind,
 		entries:       utilcache.NewLRUExpireCacheWithClock(size, clk),
 		budget:        budget,
@@ -48,31 +50,31 @@ func newReviewCache(kind string, size int, budget *fairReviews, concurrent int, 
 	}
 }
 
-// reviewLane is which of fairReviews' buckets a review spends.
-type reviewLane int
+// Lane is which of Budget' buckets a review spends.
+type Lane int
 
 const (
 	// laneNew spends the requester's own bucket, then the shared one.
-	laneNew reviewLane = iota
+	LaneNew Lane = iota
 	// laneTrusted spends the requester's own bucket only: callers known
 	// to be allowed to impersonate users or groups, whom no one else can
 	// starve.
-	laneTrusted
+	LaneTrusted
 	// laneRecent spends only the reserved bucket, and its own review
 	// slots: tokens found valid a short while ago, whose callers never
 	// wait behind (or are throttled by) floods of unknown tokens. Without
 	// a reserved bucket it is laneNew.
-	laneRecent
+	LaneRecent
 )
 
 // get returns the cached answer for key, or runs review once for every
 // caller asking for key at the same time and caches its answer for the TTL
 // it returns (0: not cached). A review is sent only when requester's
-// budget in lane allows (see fairReviews.allow). Errors are never cached.
+// budget in lane allows (see Budget.allow). Errors are never cached.
 // A review lasts at most the cache's timeout; it is shared by every
 // request waiting for the same key, so it does not follow any one
 // request's context.
-func (c *reviewCache) get(ctx context.Context, key, requester string, lane reviewLane, review func(context.Context) (any, time.Duration, error)) (any, error) {
+func (c *Cache) Get(ctx context.Context, key, requester string, lane Lane, review func(context.Context) (any, time.Duration, error)) (any, error) {
 	if v, ok := c.entries.Get(key); ok {
 		reviewCacheLookups.WithLabelValues(c.kind, "hit").Inc()
 		return v, nil
@@ -82,14 +84,14 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, lane revie
 		if v, ok := c.entries.Get(key); ok {
 			return v, nil
 		}
-		if !c.budget.allow(requester, lane, c.clock.Now()) {
+		if !c.budget.Allow(requester, lane, c.clock.Now()) {
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
-			return nil, errReviewsThrottled
+			return nil, ErrThrottled
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 		defer cancel()
 		slots := c.slots
-		if lane == laneRecent && c.budget.reserved != nil {
+		if lane == LaneRecent && c.budget.reserved != nil {
 			slots = c.reservedSlots
 		}
 		select {
@@ -97,7 +99,7 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, lane revie
 			defer func() { <-slots }()
 		case <-rctx.Done():
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
-			return nil, errReviewsThrottled
+			return nil, ErrThrottled
 		}
 		reviewsSent.WithLabelValues(c.kind).Inc()
 		v, ttl, err := review(rctx)
@@ -118,7 +120,7 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, lane revie
 	}
 }
 
-// fairReviews is the review budget: a token bucket per requester (a
+// Budget is the review budget: a token bucket per requester (a
 // client's network prefix for TokenReviews, a caller for
 // SubjectAccessReviews), one shared bucket, and optionally a reserved one.
 // A review needs a token from the requester's bucket first, so a requester
@@ -130,7 +132,7 @@ func (c *reviewCache) get(ctx context.Context, key, requester string, lane revie
 // a requester pushed out starts again with a full bucket. The state per
 // requester is its key (bounded by the caller: a network prefix or a hash)
 // and one rate.Limiter. It is safe for concurrent use.
-type fairReviews struct {
+type Budget struct {
 	shared       *rate.Limiter
 	reserved     *rate.Limiter // nil: none
 	perSecond    rate.Limit
@@ -139,8 +141,8 @@ type fairReviews struct {
 	perRequester *lru.Cache
 }
 
-func newFairReviews(sharedPerSecond float64, sharedBurst int, perSecond float64, burst, maxRequesters int) *fairReviews {
-	return &fairReviews{
+func NewBudget(sharedPerSecond float64, sharedBurst int, perSecond float64, burst, maxRequesters int) *Budget {
+	return &Budget{
 		shared:       rate.NewLimiter(rate.Limit(sharedPerSecond), sharedBurst),
 		perSecond:    rate.Limit(perSecond),
 		burst:        burst,
@@ -149,7 +151,7 @@ func newFairReviews(sharedPerSecond float64, sharedBurst int, perSecond float64,
 }
 
 // withReserve gives f a reserved bucket for laneRecent, and returns f.
-func (f *fairReviews) withReserve(perSecond float64, burst int) *fairReviews {
+func (f *Budget) WithReserve(perSecond float64, burst int) *Budget {
 	f.reserved = rate.NewLimiter(rate.Limit(perSecond), max(1, burst))
 	return f
 }
@@ -157,8 +159,8 @@ func (f *fairReviews) withReserve(perSecond float64, burst int) *fairReviews {
 // allow takes, at now, a token from the reserved bucket for laneRecent;
 // otherwise one from requester's bucket and, for laneNew, one from the
 // shared bucket.
-func (f *fairReviews) allow(requester string, lane reviewLane, now time.Time) bool {
-	if lane == laneRecent && f.reserved != nil {
+func (f *Budget) Allow(requester string, lane Lane, now time.Time) bool {
+	if lane == LaneRecent && f.reserved != nil {
 		return f.reserved.AllowN(now, 1)
 	}
 	f.mu.Lock()
@@ -173,19 +175,52 @@ func (f *fairReviews) allow(requester string, lane reviewLane, now time.Time) bo
 	if !l.AllowN(now, 1) {
 		return false
 	}
-	return lane == laneTrusted || f.shared.AllowN(now, 1)
+	return lane == LaneTrusted || f.shared.AllowN(now, 1)
 }
 
 // requesterKey is the context key of the review requester.
 type requesterKey struct{}
 
-// withReviewRequester names whose review budget (fairReviews) the reviews
+// WithRequester names whose review budget (Budget) the reviews
 // made for this request spend.
-func withReviewRequester(ctx context.Context, requester string) context.Context {
+func WithRequester(ctx context.Context, requester string) context.Context {
 	return context.WithValue(ctx, requesterKey{}, requester)
 }
 
-func reviewRequesterFrom(ctx context.Context) string {
+func RequesterFrom(ctx context.Context) string {
 	s, _ := ctx.Value(requesterKey{}).(string)
 	return s
+}
+
+// Metrics of the reviews. No label holds a user name, a token or a client
+// address: every label is an enum.
+var (
+	reviewsSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_reviews_sent_total",
+		Help: "TokenReviews (review=token), impersonation SubjectAccessReviews (review=impersonation) and the top endpoint's access SubjectAccessReviews (review=access) sent to the API server.",
+	}, []string{"review"})
+
+	reviewsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_reviews_failed_total",
+		Help: "Reviews sent that failed or timed out, by review (token, impersonation, access).",
+	}, []string{"review"})
+
+	reviewFailOpen = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_review_fail_open_total",
+		Help: "Requests forwarded although their review failed (--review-failure-policy=Open), by review (token, impersonation).",
+	}, []string{"review"})
+
+	reviewCacheLookups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_review_cache_lookups_total",
+		Help: "Lookups in the TokenReview (review=token), impersonation SubjectAccessReview (review=impersonation) and top endpoint access SubjectAccessReview (review=access) caches, by result (hit, miss).",
+	}, []string{"review", "result"})
+
+	reviewsThrottled = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_reviews_throttled_total",
+		Help: "Reviews not sent because the review rate or concurrency limit was reached, by review (token, impersonation, access).",
+	}, []string{"review"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(reviewsSent, reviewsFailed, reviewFailOpen, reviewCacheLookups, reviewsThrottled)
 }
