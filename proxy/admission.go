@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -57,14 +58,14 @@ type admission struct {
 // 429 at once.
 func withAdmission(a *admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, ok := classificationFrom(r.Context())
-		id, idOK := identityFrom(r.Context())
+		c, ok := request.ClassificationFrom(r.Context())
+		id, idOK := request.IdentityFrom(r.Context())
 		if !ok || !idOK || c.Verb == 0 {
 			otherRequests.Inc()
 			next.ServeHTTP(w, r)
 			return
 		}
-		caller := callerName(r.Context())
+		caller := request.CallerName(r.Context())
 		var lead *leader
 		if k, ok := coalescingKey(c); ok && a.coalescer != nil {
 			if lead, ok = a.coalescer.coalesce(r.Context(), k, caller, a.followerWait); !ok {
@@ -151,7 +152,7 @@ func (a *admission) notForwarded(d *ratelimit.Decision, lead *leader) {
 // watchgate's CPU in a run of watch opens).
 //
 //go:noinline
-func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classification, id user.Info, start time.Time) ratelimit.Decision {
+func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *request.Classification, id user.Info, start time.Time) ratelimit.Decision {
 	req := ratelimit.Request{
 		User:                 id.GetName(),
 		Groups:               id.GetGroups(),
@@ -165,10 +166,10 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classifica
 		ResourceVersionMatch: c.ResourceVersionMatch,
 		SendInitialEvents:    c.SendInitialEvents,
 		QueryRefused:         c.QueryRefused,
-		Impersonated:         impersonatedFrom(r.Context()),
+		Impersonated:         request.ImpersonatedFrom(r.Context()),
 	}
 	if req.Impersonated {
-		if caller, ok := callerFrom(r.Context()); ok {
+		if caller, ok := request.CallerFrom(r.Context()); ok {
 			req.Caller, req.CallerGroups = caller.GetName(), caller.GetGroups()
 		}
 	}
@@ -193,7 +194,7 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *classifica
 // withAdmission). Out of line for the reason decide is.
 //
 //go:noinline
-func (a *admission) reject(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision) {
+func (a *admission) reject(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision) {
 	if !a.delay(r.Context(), d.RetryAfter) {
 		return // the client left
 	}
@@ -231,8 +232,8 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // handed over, also when the proxy panics out of the stream
 // (http.ErrAbortHandler). Under withRelayAtTop the relay and the end run
 // there, after the filters have returned; otherwise here.
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classification, d *ratelimit.Decision, start time.Time, lead *leader, release func(), next http.Handler) {
-	st, r := stateOf(r)
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *leader, release func(), next http.Handler) {
+	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: *d, started: start,
@@ -266,14 +267,14 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *classi
 	added = true
 	activeWatches.Inc()
 	upstreamWatchOpens.Inc()
-	st.watch = ws
+	st.Watch = ws
 	next.ServeHTTP(watchHeaders{w}, r.WithContext(ctx))
 	if ws.body == nil {
 		return
 	}
-	if st.relayAtTop {
+	if st.RelayAtTop {
 		relayed = true
-		st.relay = func(stream bool) {
+		st.Relay = func(stream bool) {
 			defer end()
 			if !stream {
 				_ = ws.body.Close()

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
@@ -60,8 +61,8 @@ func withAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 		switch {
 		case err != nil:
 			if policy.Failed(w, r, review.Token, err, log) {
-				st, r := stateOf(r)
-				st.caller = review.UnreviewedCaller(token)
+				st, r := request.StateOf(r)
+				st.Caller = review.UnreviewedCaller(token)
 				next.ServeHTTP(w, r)
 			}
 			return
@@ -69,8 +70,8 @@ func withAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		st, r := stateOf(r)
-		st.caller = resp.User
+		st, r := request.StateOf(r)
+		st.Caller = resp.User
 		next.ServeHTTP(w, r)
 	})
 }

@@ -20,6 +20,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
@@ -47,8 +49,8 @@ func TestAuthentication(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(tc.auth, review.FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				u, _ := callerFrom(r.Context())
+			h := withAuthentication(tc.auth, review.FailClosed, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				u, _ := request.CallerFrom(r.Context())
 				got = u.GetName()
 			}))
 			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
@@ -226,8 +228,8 @@ func TestClientPrefix(t *testing.T) {
 // shared by every caller whose review failed.
 func TestFailOpenChargesEachTokenItsOwnIdentity(t *testing.T) {
 	var got []user.Info
-	h := withAuthentication(failingTokens(errors.New("boom")), review.FailOpen, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u, _ := callerFrom(r.Context())
+	h := withAuthentication(failingTokens(errors.New("boom")), review.FailOpen, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _ := request.CallerFrom(r.Context())
 		got = append(got, u)
 	}))
 	for _, token := range []string{"one", "two", "one"} {

@@ -6,6 +6,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
@@ -44,7 +45,9 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 		{"Relay from the top", withRelayAtTop},
 		{"Authenticate", func(next http.Handler) http.Handler { return withAuthentication(tokens, policy, logs, next) }},
 		{"Answer the top endpoint", func(next http.Handler) http.Handler { return withTop(top, next) }},
-		{"Classify", func(next http.Handler) http.Handler { return withClassification(newRequestInfoFactory(), logs, next) }},
+		{"Classify", func(next http.Handler) http.Handler {
+			return request.WithClassification(request.NewRequestInfoFactory(), logs, next)
+		}},
 		{"Identify", func(next http.Handler) http.Handler {
 			return withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, next)
 		}},

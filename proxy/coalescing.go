@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/watchgate/watchgate/proxy/internal/request"
 )
 
 // Bounds of coalescer; see there.
@@ -64,8 +66,8 @@ type versionKey struct {
 // watch-lists and other watches with sendInitialEvents or
 // resourceVersionMatch, which are never answered locally and so are not
 // coalesced.
-func coalescingKey(c *classification) (versionKey, bool) {
-	if !c.fromVersion() {
+func coalescingKey(c *request.Classification) (versionKey, bool) {
+	if !c.FromVersion() {
 		return versionKey{}, false
 	}
 	v, err := strconv.ParseUint(c.ResourceVersion, 10, 64)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -96,13 +99,13 @@ func TestFollowersWaitForTheLeadersVerdict(t *testing.T) {
 // by the parsed version: "007" and "7" are one version.
 func TestCoalescerIsBoundedAndParsed(t *testing.T) {
 	p := newCoalescer()
-	k1, ok1 := coalescingKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
-	k2, ok2 := coalescingKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
+	k1, ok1 := coalescingKey(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
+	k2, ok2 := coalescingKey(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
 	if !ok1 || !ok2 || k1 != k2 {
 		t.Fatalf("keys %v %v, want one key for 007 and 7", k1, k2)
 	}
 	for _, rv := range []string{"", "0", "x", "-1", "99999999999999999999999"} {
-		if _, ok := coalescingKey(&classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
+		if _, ok := coalescingKey(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
 			t.Errorf("version %q is held, want it passed", rv)
 		}
 	}
@@ -586,5 +589,32 @@ func TestFollowersAreBoundedPerCaller(t *testing.T) {
 	p.unplace(bob)
 	if n, all := p.waiting["bob"], p.waitingAll; n != 0 || all != maxFollowersPerCaller {
 		t.Errorf("after bob left: bob %d, all %d; want 0 and %d", n, all, maxFollowersPerCaller)
+	}
+}
+
+// Only a watch from an explicit version without sendInitialEvents and
+// resourceVersionMatch (classification.fromVersion) is held for another
+// from the same version.
+func TestCoalescingHoldsOnlyWatchesFromVersion(t *testing.T) {
+	for query, want := range map[string]bool{
+		"watch=true&resourceVersion=42":                                   true,
+		"watch=true&resourceVersion=42&allowWatchBookmarks=true":          true,
+		"watch=true&resourceVersion=42&resourceVersionMatch=NotOlderThan": false,
+		"watch=true&resourceVersion=42&sendInitialEvents=true":            false,
+		"watch=true&resourceVersion=0":                                    false,
+		"watch=true":                                                      false,
+		"resourceVersion=42":                                              false, // a list
+	} {
+		var c *request.Classification
+		h := request.WithClassification(request.NewRequestInfoFactory(), logtest.Discard(), http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			c, _ = request.ClassificationFrom(r.Context())
+		}))
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns/configmaps?"+query, nil))
+		if c == nil {
+			t.Fatalf("%s: not classified", query)
+		}
+		if _, held := coalescingKey(c); held != want || c.FromVersion() != want {
+			t.Errorf("%s: held for its twins %v, from version %v, want %v", query, held, c.FromVersion(), want)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
@@ -72,8 +74,8 @@ func TestCredentialHeadersReadAsKubeAPIServerReadsThem(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(testTokens, review.FailClosed, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				u, _ := callerFrom(r.Context())
+			h := withAuthentication(testTokens, review.FailClosed, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				u, _ := request.CallerFrom(r.Context())
 				got = u.GetName()
 			}))
 			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -20,8 +18,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
-	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -119,8 +118,6 @@ var testAccess = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.
 	return authorizer.DecisionDeny, "", nil
 })
 
-func discardLogs() *sampledlog.Logger { return sampledlog.New(logr.Discard(), 1000, 1000) }
-
 // newTestProxy serves the whole chain, with testTokens and
 // testImpersonation, in front of upstream (a plain HTTP server).
 func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.Server {
@@ -143,7 +140,7 @@ func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *htt
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := discardLogs()
+	logs := logtest.Discard()
 	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
 	top := newTopEndpoint(adm.engine, testAccess, "replica-0", clock.RealClock{}, logs)
@@ -183,13 +180,8 @@ func schemaGR(group, resource string) schema.GroupResource {
 	return schema.GroupResource{Group: group, Resource: resource}
 }
 
-// funcLogger is a logr.Logger that hands each message to f.
-func funcLogger(f func(msg string)) logr.Logger {
-	return funcr.New(func(_, args string) { f(args) }, funcr.Options{})
-}
-
 // withCaller returns a context whose request state names u as the caller,
 // as withAuthentication leaves it.
 func withCaller(ctx context.Context, u user.Info) context.Context {
-	return context.WithValue(ctx, requestStateKey{}, &requestState{caller: u})
+	return request.WithState(ctx, &request.State{Caller: u})
 }

@@ -23,6 +23,7 @@ import (
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -53,7 +54,7 @@ import (
 // constrained impersonation is charged in its own name.
 func withBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		caller, ok := callerFrom(r.Context())
+		caller, ok := request.CallerFrom(r.Context())
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
@@ -63,7 +64,7 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy,
 			answer.WriteStatus(w, r, apierrors.NewBadRequest(err.Error()))
 			return
 		}
-		c, ok := classificationFrom(r.Context())
+		c, ok := request.ClassificationFrom(r.Context())
 		if target == nil || review.IsUnreviewed(caller) || !ok || c.Verb == 0 ||
 			charges != nil && !charges(budgetRequest(caller, c, false)) && !charges(budgetRequest(target, c, true)) {
 			next.ServeHTTP(w, r)
@@ -82,8 +83,8 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy,
 				return
 			}
 		}
-		st, r := stateOf(r)
-		st.identity = target
+		st, r := request.StateOf(r)
+		st.Identity = target
 		next.ServeHTTP(w, r)
 	})
 }
@@ -103,7 +104,7 @@ func chargesOf(e Engine) chargesFunc {
 
 // budgetRequest is what the engine matches budgets by, for the request
 // classified c charged to u.
-func budgetRequest(u user.Info, c *classification, impersonated bool) *ratelimit.Request {
+func budgetRequest(u user.Info, c *request.Classification, impersonated bool) *ratelimit.Request {
 	return &ratelimit.Request{
 		User: u.GetName(), Groups: u.GetGroups(), Verb: c.Verb,
 		Group: c.APIGroup, Resource: c.Resource, Namespace: c.Namespace,

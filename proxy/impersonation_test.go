@@ -15,6 +15,8 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -129,8 +131,8 @@ func TestBudgetIdentity(t *testing.T) {
 				wantCode = 200
 			}
 			var got user.Info
-			h := withClassification(newRequestInfoFactory(), discardLogs(), withBudgetIdentity(auth, policy, tc.charges, discardLogs(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				got, _ = identityFrom(r.Context())
+			h := request.WithClassification(request.NewRequestInfoFactory(), logtest.Discard(), withBudgetIdentity(auth, policy, tc.charges, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got, _ = request.IdentityFrom(r.Context())
 			})))
 			req := httptest.NewRequest(http.MethodGet, path, nil)
 			for k, vs := range tc.headers {

@@ -1,6 +1,10 @@
 package proxy
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/watchgate/watchgate/proxy/internal/request"
+)
 
 // withRelayAtTop is the chain's first filter. It grows the handler
 // goroutine's stack once, while it is shallow (growStack), and relays an
@@ -27,19 +31,19 @@ import "net/http"
 func withRelayAtTop(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		growStack()
-		st, r := stateOf(r)
-		st.relayAtTop = true
+		st, r := request.StateOf(r)
+		st.RelayAtTop = true
 		defer func() {
 			// A filter panicked after admitting the watch: its end still
 			// runs (its slot, its place in the guard, its followers).
-			if relay := st.relay; relay != nil {
-				st.relay = nil
+			if relay := st.Relay; relay != nil {
+				st.Relay = nil
 				relay(false)
 			}
 		}()
 		next.ServeHTTP(w, r)
-		if relay := st.relay; relay != nil {
-			st.relay = nil
+		if relay := st.Relay; relay != nil {
+			st.Relay = nil
 			relay(true)
 		}
 	})

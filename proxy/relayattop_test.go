@@ -12,6 +12,8 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -40,7 +42,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	engine := &fakeEngine{}
-	logs := discardLogs()
+	logs := logtest.Discard()
 	adm := &admission{
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
 		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait, maxDelay: 10 * time.Millisecond,
@@ -48,7 +50,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	}
 	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	h = withBudgetIdentity(testImpersonation, review.FailClosed, chargesOf(engine), logs, h)
-	h = withClassification(newRequestInfoFactory(), logs, h)
+	h = request.WithClassification(request.NewRequestInfoFactory(), logs, h)
 	h = withAuthentication(testTokens, review.FailClosed, logs, h)
 	panicking := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r)

@@ -18,6 +18,7 @@ import (
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -107,7 +108,7 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		answer.WriteStatus(w, r, apierrors.NewMethodNotSupported(topResource, r.Method))
 		return
 	}
-	caller, ok := callerFrom(r.Context())
+	caller, ok := request.CallerFrom(r.Context())
 	if !ok {
 		answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 		return

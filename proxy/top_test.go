@@ -16,6 +16,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -135,7 +136,7 @@ func TestTopEndpointReadsAreRateLimited(t *testing.T) {
 	allowAll := authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 		return authorizer.DecisionAllow, "", nil
 	})
-	top := newTopEndpoint(engine, allowAll, "replica-0", clk, discardLogs())
+	top := newTopEndpoint(engine, allowAll, "replica-0", clk, logtest.Discard())
 	readAs := func(caller user.Info) int {
 		req := httptest.NewRequestWithContext(withCaller(context.Background(), caller), http.MethodGet, topv1alpha1.Path, nil)
 		rec := httptest.NewRecorder()

@@ -16,6 +16,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -35,7 +37,7 @@ func (z zeroes) Read(p []byte) (int, error) {
 // an upper bound of the heap the copy needed) and the bytes copied.
 func peakHeapWhileCopying(t *testing.T, contentType string, src io.Reader) (uint64, int64) {
 	engine := &fakeEngine{}
-	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &classification{}, log: discardLogs()}
+	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
 	b := newWatchBody(ws, io.NopCloser(src), contentType, "")
 	buf := make([]byte, 32<<10)
 	var before, after runtime.MemStats
@@ -115,7 +117,7 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 
 	// Through a watchBody: bytes unchanged, one end.
 	engine := &fakeEngine{}
-	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &classification{ResourceVersion: "7"}, log: discardLogs(),
+	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "7"}, log: logtest.Discard(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(bytes.NewReader(data)), contentType, "")
 	ws.body = b
@@ -261,8 +263,8 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{ResourceVersion: "42"},
-				log: discardLogs(), clientCtx: ctx, cancel: cancel}
+			ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "42"},
+				log: logtest.Discard(), clientCtx: ctx, cancel: cancel}
 			src := &streamtest.ChunkedReader{Reads: slices.Clone(reads), End: tc.end, Last: tc.last}
 			b := newWatchBody(ws, io.NopCloser(src), streamtest.JSONWatchType, "gzip")
 			budget := inspect.NewSharedBytes(1<<20, 1<<20)
@@ -295,7 +297,7 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 // ends (the client left mid-watch), and its bytes go back to the budget.
 func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 	reads := streamtest.MemberReads(t, streamtest.JSONFrames()[:1], streamtest.JSONFrames()[1:2], streamtest.JSONFrames()[1:2])
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs(),
+	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(&streamtest.ChunkedReader{Reads: append(slices.Clone(reads), nil)}), streamtest.JSONWatchType, "gzip")
 	budget := inspect.NewSharedBytes(1<<20, 1<<20)
@@ -323,7 +325,7 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 // to.
 func TestGzipWatchHoldsOnItsCallersShare(t *testing.T) {
 	ctx := withCaller(t.Context(), &user.DefaultInfo{Name: "mallory"})
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs(),
+	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: ctx, cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, "gzip")
 	if b.inflate == nil || b.inflate.ChargedTo() != "mallory" {

@@ -7,6 +7,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
@@ -53,7 +54,7 @@ func TestCloseSpread(t *testing.T) {
 
 func TestSampledLoggerCountsWhatItDrops(t *testing.T) {
 	var lines []string
-	log := sampledlog.New(funcLogger(func(msg string) { lines = append(lines, msg) }), 1e-9, 2)
+	log := sampledlog.New(logtest.Func(func(msg string) { lines = append(lines, msg) }), 1e-9, 2)
 	for range 10 {
 		log.Info("storm")
 	}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -33,7 +34,7 @@ type watchState struct {
 	engine   Engine
 	clock    clock.PassiveClock
 	log      *sampledlog.Logger
-	c        *classification
+	c        *request.Classification
 	decision ratelimit.Decision
 	started  time.Time
 	// clientCtx is the client's request context; cancel cancels the
@@ -239,7 +240,7 @@ func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEn
 		if gzipped {
 			caller := ""
 			if ws.clientCtx != nil {
-				caller = callerName(ws.clientCtx)
+				caller = request.CallerName(ws.clientCtx)
 			}
 			b.inflate = inspect.NewGzip(b.inspect, caller)
 		}
@@ -325,7 +326,7 @@ func (b *watchBody) Close() error {
 // forwardedWatch is the forwarder's view of the admitted watch a request
 // is, nil for every other request.
 func forwardedWatch(ctx context.Context) upstream.AdmittedWatch {
-	if ws := admittedWatchFrom(ctx); ws != nil {
+	if ws := request.AdmittedWatchFrom(ctx); ws != nil {
 		return ws
 	}
 	return nil

@@ -24,6 +24,8 @@ import (
 	restclientwatch "k8s.io/client-go/rest/watch"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
@@ -76,7 +78,7 @@ func benchProtobufEvents(tb testing.TB, n int) []byte {
 func BenchmarkWatchBodyRead(b *testing.B) {
 	streams := map[string][]byte{streamtest.JSONWatchType: benchEvents(3000), streamtest.ProtobufWatchType: benchProtobufEvents(b, 3000)}
 	buf := make([]byte, 32<<10)
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &classification{}, log: discardLogs()}
+	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
 	for _, mode := range []string{"plain", "inspected", "fullDecode", "protobuf/plain", "protobuf/inspected"} {
 		b.Run(mode, func(b *testing.B) {
 			contentType := streamtest.JSONWatchType

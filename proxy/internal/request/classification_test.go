@@ -1,4 +1,4 @@
-package proxy
+package request
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -64,7 +65,7 @@ func TestClassify(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, _, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil), discardLogs())
+			c, _, err := classify(NewRequestInfoFactory(), httptest.NewRequest(http.MethodGet, tc.url, nil), logtest.Discard())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,14 +95,14 @@ func FuzzClassification(f *testing.F) {
 		f.Add(http.MethodGet, seed[0], seed[1])
 	}
 	f.Add(http.MethodDelete, "/api/v1/namespaces/ns/pods", "labelSelector=%21%21")
-	factory := newRequestInfoFactory()
+	factory := NewRequestInfoFactory()
 	f.Fuzz(func(t *testing.T, method, path, query string) {
 		if method == "" {
 			method = http.MethodGet
 		}
 		r := &http.Request{Method: method, URL: &url.URL{Path: path, RawQuery: query}, Header: http.Header{}}
 		want, werr := factory.NewRequestInfo(r)
-		c, info, err := classify(factory, r, discardLogs())
+		c, info, err := classify(factory, r, logtest.Discard())
 		if (err != nil) != (werr != nil) {
 			t.Fatalf("classify error %v, factory error %v", err, werr)
 		}
@@ -124,14 +125,14 @@ func FuzzClassification(f *testing.F) {
 // factory; the proxy logs it sampled and cut to maxLoggedValueBytes.
 func TestUnparsableSelectorLogIsBounded(t *testing.T) {
 	var lines []string
-	logs := sampledlog.New(funcLogger(func(msg string) { lines = append(lines, msg) }), 1000, 1000)
+	logs := sampledlog.New(logtest.Func(func(msg string) { lines = append(lines, msg) }), 1000, 1000)
 	var klogged bytes.Buffer
 	klog.SetOutput(&klogged)
 	klog.LogToStderr(false)
 	t.Cleanup(func() { klog.LogToStderr(true) })
 	huge := strings.Repeat("!", 1<<20)
 	r := httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true&labelSelector="+url.QueryEscape(huge), nil)
-	c, info, err := classify(newRequestInfoFactory(), r, logs)
+	c, info, err := classify(NewRequestInfoFactory(), r, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,15 +165,12 @@ func TestFromVersion(t *testing.T) {
 		"watch=true":                                                                              false,
 		"resourceVersion=42":                                                                      false, // a list
 	} {
-		c, _, err := classify(newRequestInfoFactory(), httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns/configmaps?"+query, nil), discardLogs())
+		c, _, err := classify(NewRequestInfoFactory(), httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/ns/configmaps?"+query, nil), logtest.Discard())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := c.fromVersion(); got != want {
+		if got := c.FromVersion(); got != want {
 			t.Errorf("%s: fromVersion %v, want %v", query, got, want)
-		}
-		if _, held := coalescingKey(c); held != want {
-			t.Errorf("%s: held for its twins %v, want %v", query, held, want)
 		}
 	}
 }

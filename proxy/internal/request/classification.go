@@ -1,4 +1,4 @@
-package proxy
+package request
 
 import (
 	"net/http"
@@ -18,12 +18,12 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// classification is what the proxy knows about a request's target. It
+// Classification is what the proxy knows about a request's target. It
 // keeps the three names of the RequestInfo it was made from that budgets
 // and stale versions are about, not the RequestInfo itself: an open watch
 // keeps its classification, and the rest (the path split into parts, the
 // selectors again) would stay with it for nothing.
-type classification struct {
+type Classification struct {
 	APIGroup, Resource, Namespace string
 	// Verb is the budgeted verb: ratelimit.VerbWatch or VerbList; 0 for
 	// everything else (which passes untouched).
@@ -66,15 +66,15 @@ var trueValue, falseValue = true, false
 // 410 Expired when its resourceVersion is too old, whatever its
 // configuration (see ratelimit.Request): an explicit version without
 // sendInitialEvents and resourceVersionMatch, in a query that decodes.
-func (c *classification) fromVersion() bool {
+func (c *Classification) FromVersion() bool {
 	return c.Verb == ratelimit.VerbWatch && c.SendInitialEvents == nil && c.ResourceVersionMatch == "" &&
 		c.ResourceVersion != "" && c.ResourceVersion != "0" && !c.QueryRefused
 }
 
-// newRequestInfoFactory knows kube-apiserver's URL layout: /api for the
+// NewRequestInfoFactory knows kube-apiserver's URL layout: /api for the
 // core group, /apis for the others, ?watch=true and the legacy /watch/
 // paths.
-func newRequestInfoFactory() *request.RequestInfoFactory {
+func NewRequestInfoFactory() *request.RequestInfoFactory {
 	return &request.RequestInfoFactory{
 		APIPrefixes:          sets.NewString("api", "apis"),
 		GrouplessAPIPrefixes: sets.NewString("api"),
@@ -86,13 +86,13 @@ func newRequestInfoFactory() *request.RequestInfoFactory {
 // resource (not of a subresource) are budgeted; a watch of one object by
 // name is budgeted like a watch with fieldSelector metadata.name=<name>,
 // which is what it is.
-func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledlog.Logger) (*classification, *request.RequestInfo, error) {
+func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledlog.Logger) (*Classification, *request.RequestInfo, error) {
 	q := r.URL.Query()
 	info, queryOK, err := requestInfo(f, r, q, logs)
 	if err != nil {
 		return nil, nil, err
 	}
-	c := &classification{
+	c := &Classification{
 		APIGroup:             info.APIGroup,
 		Resource:             info.Resource,
 		Namespace:            info.Namespace,
@@ -228,16 +228,16 @@ func copySelectors(info *request.RequestInfo, q url.Values) {
 	}
 }
 
-// withClassification classifies every request for the filters after it;
+// WithClassification classifies every request for the filters after it;
 // a URL it cannot make sense of gets 400 without forwarding.
-func withClassification(f *request.RequestInfoFactory, logs *sampledlog.Logger, next http.Handler) http.Handler {
+func WithClassification(f *request.RequestInfoFactory, logs *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _, err := classify(f, r, logs)
 		if err != nil {
 			answer.WriteStatus(w, r, apierrors.NewBadRequest("malformed request path"))
 			return
 		}
-		st, r := stateOf(r)
+		st, r := StateOf(r)
 		st.classification = c
 		next.ServeHTTP(w, r)
 	})
