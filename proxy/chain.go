@@ -6,6 +6,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
+	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
@@ -43,7 +44,7 @@ type step struct {
 func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger) []step {
 	return []step{
 		{"Relay from the top", withRelayAtTop},
-		{"Authenticate", func(next http.Handler) http.Handler { return withAuthentication(tokens, policy, logs, next) }},
+		{"Authenticate", func(next http.Handler) http.Handler { return authn.WithAuthentication(tokens, policy, logs, next) }},
 		{"Answer the top endpoint", func(next http.Handler) http.Handler { return withTop(top, next) }},
 		{"Classify", func(next http.Handler) http.Handler {
 			return request.WithClassification(request.NewRequestInfoFactory(), logs, next)

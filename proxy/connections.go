@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/watchgate/watchgate/proxy/internal/authn"
 )
 
 // DefaultMaxConnections is main's --max-connections: room for 4,000
@@ -68,7 +70,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			<-l.slots
 			return nil, err
 		}
-		network := networkOf(c.RemoteAddr().String())
+		network := authn.NetworkOf(c.RemoteAddr().String())
 		if !l.take(network) {
 			c.Close()
 			<-l.slots

@@ -21,6 +21,8 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/authn"
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 )
 
 // FuzzCredentialHeaders checks the proxy's reading of the Authorization,
@@ -59,14 +61,14 @@ func FuzzCredentialHeaders(f *testing.F) {
 		h := http.Header(mh)
 
 		// The token.
-		got, gotErr := requestToken(h.Clone())
+		got, gotErr := authn.RequestToken(h.Clone())
 		bearer := kubeToken(bearertoken.New(captureToken()), h)
 		ws := kubeToken(websocket.NewProtocolAuthenticator(captureToken()), h)
 		switch {
-		case errors.Is(gotErr, errAmbiguousCredentials):
+		case errors.Is(gotErr, authn.ErrAmbiguousCredentials):
 			// Refused with 400: nothing to compare.
 		case gotErr != nil:
-			if (bearer != "" && len(bearer) <= maxTokenBytes) || (bearer == "" && ws != "" && len(ws) <= maxTokenBytes) {
+			if (bearer != "" && len(bearer) <= authn.MaxTokenBytes) || (bearer == "" && ws != "" && len(ws) <= authn.MaxTokenBytes) {
 				t.Fatalf("proxy found no token; kube-apiserver would authenticate with %q / %q", bearer, ws)
 			}
 		case bearer != "":
@@ -80,7 +82,7 @@ func FuzzCredentialHeaders(f *testing.F) {
 		}
 
 		// The impersonated user.
-		target, _, impErr := impersonationRequest(alice, h.Clone())
+		target, _, impErr := impersonationRequest(callertest.Alice, h.Clone())
 		want, code := kubeImpersonation(h.Clone())
 		switch {
 		case code == http.StatusBadRequest:
@@ -146,8 +148,8 @@ func kubeImpersonation(h http.Header) (user.Info, int) {
 	req := httptest.NewRequest(http.MethodGet, "/api", nil)
 	req.Header = h
 	rec := httptest.NewRecorder()
-	handler.ServeHTTP(rec, req.WithContext(request.WithUser(req.Context(), alice)))
-	if served == alice {
+	handler.ServeHTTP(rec, req.WithContext(request.WithUser(req.Context(), callertest.Alice)))
+	if served == callertest.Alice {
 		served = nil
 	}
 	return served, rec.Code

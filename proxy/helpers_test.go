@@ -12,12 +12,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -79,45 +78,6 @@ func (e *fakeEngine) waitEnded(t *testing.T, n int) []ratelimit.Outcome {
 	}
 }
 
-var (
-	alice = &user.DefaultInfo{Name: "alice", Groups: []string{"dev", user.AllAuthenticated}}
-	agent = &user.DefaultInfo{Name: "system:serviceaccount:agents:agent", Groups: []string{"system:serviceaccounts", user.AllAuthenticated}}
-)
-
-// testTokens knows two tokens: "alice" and "agent".
-var testTokens = authenticator.TokenFunc(func(_ context.Context, token string) (*authenticator.Response, bool, error) {
-	switch token {
-	case "alice":
-		return &authenticator.Response{User: alice}, true, nil
-	case "agent":
-		return &authenticator.Response{User: agent}, true, nil
-	}
-	return nil, false, nil
-})
-
-// testImpersonation lets the agent impersonate the user bob, the group dev
-// and the extra scopes=view; nobody else may impersonate anything.
-var testImpersonation = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
-	if a.GetUser().GetName() != agent.Name || a.GetVerb() != "impersonate" {
-		return authorizer.DecisionDeny, "", nil
-	}
-	switch a.GetResource() + "/" + a.GetSubresource() + "/" + a.GetName() {
-	case "users//bob", "groups//dev", "userextras/scopes/view":
-		return authorizer.DecisionAllow, "", nil
-	}
-	return authorizer.DecisionDeny, "", nil
-})
-
-// testAccess lets alice get every WatchBudget's status, and nobody else
-// anything.
-var testAccess = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
-	if a.GetUser().GetName() == alice.Name && a.GetVerb() == "get" && a.GetAPIGroup() == "watchgate.io" &&
-		a.GetResource() == "watchbudgets" && a.GetSubresource() == "status" {
-		return authorizer.DecisionAllow, "", nil
-	}
-	return authorizer.DecisionDeny, "", nil
-})
-
 // newTestProxy serves the whole chain, with testTokens and
 // testImpersonation, in front of upstream (a plain HTTP server).
 func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.Server {
@@ -143,9 +103,9 @@ func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *htt
 	logs := logtest.Discard()
 	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
-	top := newTopEndpoint(adm.engine, testAccess, "replica-0", clock.RealClock{}, logs)
+	top := newTopEndpoint(adm.engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
 	top.reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
-	h := chain(testTokens, testImpersonation, review.FailClosed, adm, top, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
+	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, top, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -34,89 +35,89 @@ func TestBudgetIdentity(t *testing.T) {
 		wantGroups []string
 	}{
 		"without impersonation the caller is charged": {
-			caller: alice, wantUser: "alice", wantGroups: alice.Groups,
+			caller: callertest.Alice, wantUser: "alice", wantGroups: callertest.Alice.Groups,
 		},
 		"an allowed impersonation charges the impersonated user": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			wantUser: "bob", wantGroups: []string{user.AllAuthenticated},
 		},
 		"allowed groups and extras are part of the identity": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev"}, "Impersonate-Extra-Scopes": {"view"}},
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev"}, "Impersonate-Extra-Scopes": {"view"}},
 			wantUser: "bob", wantGroups: []string{"dev", user.AllAuthenticated},
 		},
 		"a caller that may not impersonate is charged itself": {
-			caller: alice, headers: map[string][]string{"Impersonate-User": {"bob"}},
-			wantUser: "alice", wantGroups: alice.Groups,
+			caller: callertest.Alice, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			wantUser: "alice", wantGroups: callertest.Alice.Groups,
 		},
 		"one group not allowed keeps the caller charged": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev", "system:masters"}},
-			wantUser: agent.Name, wantGroups: agent.Groups,
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev", "system:masters"}},
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
 		},
 		"an extra value not allowed keeps the caller charged": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Extra-Scopes": {"admin"}},
-			wantUser: agent.Name, wantGroups: agent.Groups,
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Extra-Scopes": {"admin"}},
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
 		},
 		"groups without a user are refused with 400, as by the API server": {
-			caller: agent, headers: map[string][]string{"Impersonate-Group": {"dev"}}, wantCode: 400,
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-Group": {"dev"}}, wantCode: 400,
 		},
 		"a failing review fails closed with 503": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				return authorizer.DecisionAllow, "", errors.New("unreachable")
 			}),
 			wantCode: 503,
 		},
 		"a failing review with FailOpen charges the caller, never the impersonated user": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, policy: review.FailOpen,
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, policy: review.FailOpen,
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				return authorizer.DecisionAllow, "", errors.New("unreachable")
 			}),
-			wantUser: agent.Name, wantGroups: agent.Groups,
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
 		},
 		"throttled reviews get 429": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				return authorizer.DecisionNoOpinion, "", review.ErrThrottled
 			}),
 			wantCode: 429,
 		},
 		"a request no budget decides needs no review": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/version",
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/version",
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				panic("reviewed")
 			}),
-			wantUser: agent.Name, wantGroups: agent.Groups,
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
 		},
 		"a watch no budget charges, as the caller or as the impersonated user, needs no review": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			charges: func(*ratelimit.Request) bool { return false },
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				panic("reviewed")
 			}),
-			wantUser: agent.Name, wantGroups: agent.Groups,
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
 		},
 		"a watch charged only as the impersonated user is reviewed": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
 			charges:  func(r *ratelimit.Request) bool { return r.Impersonated && r.User == "bob" && r.Resource == "pods" },
 			wantUser: "bob", wantGroups: []string{user.AllAuthenticated},
 		},
 		"a watch charged only as the caller is reviewed": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
-			charges:  func(r *ratelimit.Request) bool { return !r.Impersonated && r.User == agent.Name },
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}},
+			charges:  func(r *ratelimit.Request) bool { return !r.Impersonated && r.User == callertest.Agent.Name },
 			wantUser: "bob", wantGroups: []string{user.AllAuthenticated},
 		},
 		"a get of one object needs no review": {
-			caller: agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/api/v1/namespaces/a/pods/b",
+			caller: callertest.Agent, headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/api/v1/namespaces/a/pods/b",
 			auth: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
 				panic("reviewed")
 			}),
-			wantUser: agent.Name, wantGroups: agent.Groups,
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			auth := tc.auth
 			if auth == nil {
-				auth = testImpersonation
+				auth = callertest.Impersonation
 			}
 			policy := tc.policy
 			if policy == "" {
@@ -160,7 +161,7 @@ func TestBudgetIdentity(t *testing.T) {
 }
 
 func TestImpersonatingAServiceAccountChecksServiceAccounts(t *testing.T) {
-	target, checks, _ := impersonationRequest(agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
+	target, checks, _ := impersonationRequest(callertest.Agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
 	if len(checks) != 1 || checks[0].GetResource() != "serviceaccounts" || checks[0].GetNamespace() != "ns1" || checks[0].GetName() != "sa1" {
 		t.Fatalf("checks = %+v, want impersonate serviceaccounts ns1/sa1", checks)
 	}
@@ -174,7 +175,7 @@ func TestImpersonationCache(t *testing.T) {
 	var calls atomic.Int64
 	inner := authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 		calls.Add(1)
-		return testImpersonation.Authorize(ctx, a)
+		return callertest.Impersonation.Authorize(ctx, a)
 	})
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	auth := cachedAuthorizer(inner, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), utilcache.NewLRUExpireCacheWithClock(100, clk), time.Minute, 10*time.Second)
@@ -186,7 +187,7 @@ func TestImpersonationCache(t *testing.T) {
 		return d
 	}
 	for range 3 {
-		if check(agent, "bob") != authorizer.DecisionAllow || check(alice, "bob") != authorizer.DecisionDeny {
+		if check(callertest.Agent, "bob") != authorizer.DecisionAllow || check(callertest.Alice, "bob") != authorizer.DecisionDeny {
 			t.Fatal("cached answers differ from the reviewer's")
 		}
 	}
@@ -194,8 +195,8 @@ func TestImpersonationCache(t *testing.T) {
 		t.Fatalf("reviews = %d, want 2 (one per caller)", n)
 	}
 	clk.Step(11 * time.Second)
-	check(agent, "bob")
-	check(alice, "bob")
+	check(callertest.Agent, "bob")
+	check(callertest.Alice, "bob")
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("reviews after 11s = %d, want 3 (only the denial expired)", n)
 	}
@@ -226,11 +227,11 @@ func TestOnlyImpersonatingUsersOrGroupsEarnsThePrivilegedLane(t *testing.T) {
 			if tc.resource == "userextras" || tc.resource == "uids" {
 				group = "authentication.k8s.io"
 			}
-			a := &authorizer.AttributesRecord{User: alice, Verb: "impersonate", APIGroup: group, Resource: tc.resource, Namespace: tc.namespace, Name: "x", ResourceRequest: true}
+			a := &authorizer.AttributesRecord{User: callertest.Alice, Verb: "impersonate", APIGroup: group, Resource: tc.resource, Namespace: tc.namespace, Name: "x", ResourceRequest: true}
 			if d, _, err := auth.Authorize(context.Background(), a); err != nil || d != authorizer.DecisionAllow {
 				t.Fatalf("decision %v, %v", d, err)
 			}
-			if _, got := known.Get(reviewerKeyOf(alice)); got != tc.want {
+			if _, got := known.Get(reviewerKeyOf(callertest.Alice)); got != tc.want {
 				t.Errorf("privileged after impersonating %s: %v, want %v", name, got, tc.want)
 			}
 		})

@@ -12,6 +12,8 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/authn"
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -49,9 +51,9 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 		guard: newWatchGuard(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
 	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
-	h = withBudgetIdentity(testImpersonation, review.FailClosed, chargesOf(engine), logs, h)
+	h = withBudgetIdentity(callertest.Impersonation, review.FailClosed, chargesOf(engine), logs, h)
 	h = request.WithClassification(request.NewRequestInfoFactory(), logs, h)
-	h = withAuthentication(testTokens, review.FailClosed, logs, h)
+	h = authn.WithAuthentication(callertest.Tokens, review.FailClosed, logs, h)
 	panicking := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r)
 		panic("a filter failed on the way back")

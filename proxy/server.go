@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
@@ -50,7 +51,7 @@ type Server struct {
 	upstreamErr error
 
 	// saTokens verifies service-account tokens locally; nil when off.
-	saTokens *serviceAccountTokens
+	saTokens *authn.ServiceAccountTokens
 	keyLogs  *sampledlog.Logger
 	// upstreamConns counts the forwarder's connections to the API server.
 	upstreamConns *upstream.ConnectionCount
@@ -112,7 +113,7 @@ func NewServer(opts Options) (*Server, error) {
 	// budget, so that reading the top endpoint cannot become a second
 	// flood of reviews.
 	tokenBudget := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked).
-		WithReserve(o.ReviewsPerSecond*recentTokensShare, int(float64(o.ReviewBurst)*recentTokensShare))
+		WithReserve(o.ReviewsPerSecond*authn.RecentTokensShare, int(float64(o.ReviewBurst)*authn.RecentTokensShare))
 	tokenReviews := review.NewCache("token", o.TokenCacheSize, tokenBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
 	recentTokens := utilcache.NewLRUExpireCacheWithClock(max(1, o.TokenCacheSize/4), o.Clock)
 	sarBudget := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
@@ -122,18 +123,18 @@ func NewServer(opts Options) (*Server, error) {
 
 	// Who the caller is: service-account tokens verified locally when on,
 	// every other token by TokenReview.
-	reviewed := cachedTokens(tokenReviewer(client.AuthenticationV1().TokenReviews()), tokenReviews, recentTokens,
-		o.TokenCacheTTL, o.TokenCacheNegativeTTL, recentTokensTTL)
-	var saTokens *serviceAccountTokens
+	reviewed := authn.CachedTokens(authn.TokenReviewer(client.AuthenticationV1().TokenReviews()), tokenReviews, recentTokens,
+		o.TokenCacheTTL, o.TokenCacheNegativeTTL, authn.RecentTokensTTL)
+	var saTokens *authn.ServiceAccountTokens
 	if *o.LocalServiceAccountTokens {
 		meta, err := metadata.NewForConfig(own)
 		if err != nil {
 			return nil, fmt.Errorf("proxy metadata client: %w", err)
 		}
-		bound := newBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, o.Clock)
-		saTokens = newServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
+		bound := authn.NewBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, o.Clock)
+		saTokens = authn.NewServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
 	}
-	tokens := localThenReviewed(saTokens, reviewed, o.Clock)
+	tokens := authn.LocalThenReviewed(saTokens, reviewed, o.Clock)
 
 	// Who may impersonate whom, and who may read the top endpoint.
 	sars := subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews())
@@ -237,7 +238,7 @@ func (s *Server) Start(ctx context.Context) error {
 	wg.Go(func() { s.sweep(bg) })
 	wg.Go(func() { s.probeUpstream(bg) })
 	if s.saTokens != nil {
-		wg.Go(func() { s.saTokens.run(bg, s.opts.Clock, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })
+		wg.Go(func() { s.saTokens.Run(bg, s.opts.Clock, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })
 	}
 
 	served := make(chan error, 1)

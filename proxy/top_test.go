@@ -16,6 +16,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	topv1alpha1 "github.com/watchgate/watchgate/api/top/v1alpha1"
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -143,7 +144,7 @@ func TestTopEndpointReadsAreRateLimited(t *testing.T) {
 		top.ServeHTTP(rec, req)
 		return rec.Code
 	}
-	read := func() int { return readAs(alice) }
+	read := func() int { return readAs(callertest.Alice) }
 	for i := range topReadBurst {
 		if code := read(); code != http.StatusOK {
 			t.Fatalf("read %d within the burst: %d, want 200", i+1, code)

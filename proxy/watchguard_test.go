@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -191,7 +192,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // got 429 MaxWatches when the guard came before the budget.)
 func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 	engine := &fakeEngine{decide: func(r *ratelimit.Request) ratelimit.Decision {
-		if r.User == alice.Name {
+		if r.User == callertest.Alice.Name {
 			return ratelimit.Decision{Reason: ratelimit.ReasonTooManyWatches, RetryAfter: 2 * time.Second, Budget: "tenants"}
 		}
 		return ratelimit.Decision{Allowed: true}

@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"context"
@@ -27,27 +27,27 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 )
 
-// maxTokenBytes bounds a bearer token; longer ones are rejected unreviewed.
+// MaxTokenBytes bounds a bearer token; longer ones are rejected unreviewed.
 // Service-account tokens are about 1 KiB, OIDC tokens a few KiB.
-const maxTokenBytes = 16 << 10
+const MaxTokenBytes = 16 << 10
 
-// withAuthentication admits only requests that carry a bearer token auth
+// WithAuthentication admits only requests that carry a bearer token auth
 // accepts, and leaves the caller's user.Info in the context. The token is
-// read as kube-apiserver reads it (requestToken); credentials the proxy
+// read as kube-apiserver reads it (RequestToken); credentials the proxy
 // and the API server could read differently get 400. No token or a bad
 // one gets 401 without forwarding; a token that could not be reviewed
 // because reviews are throttled gets 429, because the review failed 503,
 // both with Retry-After, which client-go retries (or, with FailOpen, the
-// request is forwarded, charged to unreviewedCaller). The client's network
+// request is forwarded, charged to review.UnreviewedCaller). The client's network
 // (clientPrefix) is the requester whose review budget a TokenReview
 // spends. The Authorization
 // header is left untouched: the API server checks the token again on the
 // forwarded request.
-func withAuthentication(auth authenticator.Token, policy review.FailurePolicy, log *sampledlog.Logger, next http.Handler) http.Handler {
+func WithAuthentication(auth authenticator.Token, policy review.FailurePolicy, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, err := requestToken(r.Header)
+		token, err := RequestToken(r.Header)
 		switch {
-		case errors.Is(err, errAmbiguousCredentials):
+		case errors.Is(err, ErrAmbiguousCredentials):
 			credentialsRefused.WithLabelValues("ambiguous").Inc()
 			answer.WriteStatus(w, r, apierrors.NewBadRequest("the request's credential headers could be read in more than one way "+
 				"(a bearer token and a WebSocket token, or a Connection header naming a credential header)"))
@@ -83,12 +83,12 @@ func withAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 // one each. Forwarding headers are not trusted. The key is at most a
 // prefix's text, whatever RemoteAddr holds.
 func clientPrefix(r *http.Request) string {
-	return networkOf(r.RemoteAddr)
+	return NetworkOf(r.RemoteAddr)
 }
 
-// networkOf is the IPv4 /24 or IPv6 /64 of remoteAddr (host:port, or a
+// NetworkOf is the IPv4 /24 or IPv6 /64 of remoteAddr (host:port, or a
 // bare address); at most 64 bytes of it when it is not an IP address.
-func networkOf(remoteAddr string) string {
+func NetworkOf(remoteAddr string) string {
 	host := remoteAddr
 	if h, _, err := net.SplitHostPort(remoteAddr); err == nil {
 		host = h
@@ -116,11 +116,11 @@ var validLocalVerifications = localVerifications.WithLabelValues("valid")
 // verdictLabels are the metric labels of the verdicts that refuse a token.
 var verdictLabels = map[serviceAccountVerdict]string{forged: "forged", revoked: "revoked"}
 
-// localThenReviewed verifies service-account tokens locally (local may be
+// LocalThenReviewed verifies service-account tokens locally (local may be
 // nil) and hands every other token to reviewed: a validly signed
 // service-account token needs no TokenReview, and a forged or revoked one
 // is 401 without one.
-func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token, clk clock.PassiveClock) authenticator.Token {
+func LocalThenReviewed(local *ServiceAccountTokens, reviewed authenticator.Token, clk clock.PassiveClock) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		if local != nil {
 			u, verdict := local.verify(ctx, token, clk.Now())
@@ -140,10 +140,10 @@ func localThenReviewed(local *serviceAccountTokens, reviewed authenticator.Token
 
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
-// tokenReviewer checks tokens with the TokenReview API, through the proxy's
+// TokenReviewer checks tokens with the TokenReview API, through the proxy's
 // own client. The audiences are left empty: callers' tokens are meant for
 // the API server, and the API server then checks them against its own.
-func tokenReviewer(client authenticationv1client.TokenReviewInterface) authenticator.Token {
+func TokenReviewer(client authenticationv1client.TokenReviewInterface) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		tr, err := client.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 		if err != nil {
@@ -174,17 +174,17 @@ type tokenAnswer struct{ user user.Info }
 // ago is all but certainly the same caller, and a flood of unknown tokens
 // must not keep it out when its cached answer expires.
 const (
-	recentTokensTTL   = 30 * time.Minute
-	recentTokensShare = 0.25
+	RecentTokensTTL   = 30 * time.Minute
+	RecentTokensShare = 0.25
 )
 
-// cachedTokens wraps a token authenticator with a reviewCache. Tokens are
+// CachedTokens wraps a token authenticator with a reviewCache. Tokens are
 // keyed by HMAC-SHA256 with a random key, so the cache holds no token and
 // its keys cannot be precomputed. Tokens found valid are also remembered
 // in recent (by key, for recentTTL, bounded in count; nil: none): when
 // such a token's answer has expired from the cache, its new review takes
 // laneRecent, the review budget a flood of unknown tokens cannot spend.
-func cachedTokens(inner authenticator.Token, cache *review.Cache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
+func CachedTokens(inner authenticator.Token, cache *review.Cache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
 	hmacKey := make([]byte, 32)
 	if _, err := rand.Read(hmacKey); err != nil {
 		panic(err) // crypto/rand never fails

@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"encoding/base64"
@@ -19,9 +19,9 @@ import (
 // and .../request/websocket; FuzzCredentialHeaders checks this against
 // those packages).
 
-// errAmbiguousCredentials means the API server could serve the request as
+// ErrAmbiguousCredentials means the API server could serve the request as
 // someone other than the proxy would charge; the client gets 400.
-var errAmbiguousCredentials = errors.New("ambiguous credentials")
+var ErrAmbiguousCredentials = errors.New("ambiguous credentials")
 
 // errNoToken means the request carries no usable bearer token; 401.
 var errNoToken = errors.New("no bearer token")
@@ -32,7 +32,7 @@ const webSocketTokenPrefix = "base64url.bearer.authorization.k8s.io."
 
 var webSocketProtocolHeader = textproto.CanonicalMIMEHeaderKey("Sec-WebSocket-Protocol")
 
-// requestToken returns the bearer token kube-apiserver would authenticate
+// RequestToken returns the bearer token kube-apiserver would authenticate
 // the request with:
 //
 //   - "Authorization: Bearer <token>": the header trimmed, split on single
@@ -48,15 +48,15 @@ var webSocketProtocolHeader = textproto.CanonicalMIMEHeaderKey("Sec-WebSocket-Pr
 // a request carrying both could be served as either: errAmbiguousCredentials.
 // So is a request whose Connection header names a credential header (see
 // hopByHopCredentials). Tokens longer than maxTokenBytes are no token.
-func requestToken(h http.Header) (string, error) {
+func RequestToken(h http.Header) (string, error) {
 	if hopByHopCredentials(h) {
-		return "", errAmbiguousCredentials
+		return "", ErrAmbiguousCredentials
 	}
 	bearer := authorizationToken(h)
 	ws, wsErr := webSocketToken(h)
 	switch {
 	case bearer != "" && (ws != "" || wsErr != nil):
-		return "", errAmbiguousCredentials
+		return "", ErrAmbiguousCredentials
 	case bearer != "":
 		return boundToken(bearer)
 	case wsErr != nil:
@@ -64,14 +64,14 @@ func requestToken(h http.Header) (string, error) {
 	case ws != "" && !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade"):
 		// kube-apiserver finds "upgrade" anywhere in Connection;
 		// ReverseProxy forwards Upgrade only for the exact token.
-		return "", errAmbiguousCredentials
+		return "", ErrAmbiguousCredentials
 	default:
 		return boundToken(ws)
 	}
 }
 
 func boundToken(t string) (string, error) {
-	if t == "" || len(t) > maxTokenBytes {
+	if t == "" || len(t) > MaxTokenBytes {
 		return "", errNoToken
 	}
 	return t, nil

@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"context"
@@ -86,7 +86,7 @@ func saToken(t testing.TB, k *rsa.PrivateKey, kid, issuer, aud string, exp time.
 // verifierOf serves issuer and returns local verification against it,
 // with its keys fetched, verified tokens remembered for cacheTTL, and
 // their objects checked with bound (nil: not checked).
-func verifierOf(t testing.TB, issuer *testIssuerServer, clk clock.PassiveClock, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
+func verifierOf(t testing.TB, issuer *testIssuerServer, clk clock.PassiveClock, cacheTTL time.Duration, bound *boundObjects) *ServiceAccountTokens {
 	t.Helper()
 	srv := httptest.NewServer(issuer)
 	t.Cleanup(srv.Close)
@@ -94,7 +94,7 @@ func verifierOf(t testing.TB, issuer *testIssuerServer, clk clock.PassiveClock, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := newServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, cacheTTL, bound)
+	sa := NewServiceAccountTokens(cs.Discovery().RESTClient(), nil, clk, 100, cacheTTL, bound)
 	if err := sa.refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}

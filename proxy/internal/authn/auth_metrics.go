@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

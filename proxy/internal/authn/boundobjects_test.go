@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 	issuer := &testIssuerServer{}
 	key := newKey(t)
 	issuer.publish("k1", key)
-	sa := verifierOf(t, issuer, clk, time.Minute, newBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk))
+	sa := verifierOf(t, issuer, clk, time.Minute, NewBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk))
 	sign := func(saName, saUID string, pod, node, secret, webhook *claimRef) string {
 		sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithHeader("kid", "k1"))
 		if err != nil {
@@ -132,7 +132,7 @@ func BenchmarkVerifyRememberedToken(b *testing.B) {
 	key := newKey(b)
 	for name, bound := range map[string]*boundObjects{
 		"unchecked": nil,
-		"bound":     newBoundObjects(meta, 100, time.Hour, time.Hour, time.Second, clk),
+		"bound":     NewBoundObjects(meta, 100, time.Hour, time.Hour, time.Second, clk),
 	} {
 		b.Run(name, func(b *testing.B) {
 			issuer := &testIssuerServer{}

@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -32,24 +33,24 @@ func TestAuthentication(t *testing.T) {
 		wantCode int
 		wantUser string
 	}{
-		"no Authorization header gets 401 unforwarded": {header: "", auth: testTokens, wantCode: 401},
-		"basic auth is not a bearer token":             {header: "Basic YWxpY2U6cHc=", auth: testTokens, wantCode: 401},
-		"an unknown token gets 401 unforwarded":        {header: "Bearer nope", auth: testTokens, wantCode: 401},
-		"a known token reaches the next filter":        {header: "Bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
-		"the scheme is case-insensitive":               {header: "bearer alice", auth: testTokens, wantCode: 200, wantUser: "alice"},
+		"no Authorization header gets 401 unforwarded": {header: "", auth: callertest.Tokens, wantCode: 401},
+		"basic auth is not a bearer token":             {header: "Basic YWxpY2U6cHc=", auth: callertest.Tokens, wantCode: 401},
+		"an unknown token gets 401 unforwarded":        {header: "Bearer nope", auth: callertest.Tokens, wantCode: 401},
+		"a known token reaches the next filter":        {header: "Bearer alice", auth: callertest.Tokens, wantCode: 200, wantUser: "alice"},
+		"the scheme is case-insensitive":               {header: "bearer alice", auth: callertest.Tokens, wantCode: 200, wantUser: "alice"},
 		"a WebSocket may carry the token as a subprotocol": {
-			header: "ws:base64url.bearer.authorization.k8s.io." + base64.RawURLEncoding.EncodeToString([]byte("alice")), auth: testTokens, wantCode: 200, wantUser: "alice",
+			header: "ws:base64url.bearer.authorization.k8s.io." + base64.RawURLEncoding.EncodeToString([]byte("alice")), auth: callertest.Tokens, wantCode: 200, wantUser: "alice",
 		},
 		"a WebSocket subprotocol that is not base64 is no token": {
-			header: "ws:base64url.bearer.authorization.k8s.io.!!", auth: testTokens, wantCode: 401,
+			header: "ws:base64url.bearer.authorization.k8s.io.!!", auth: callertest.Tokens, wantCode: 401,
 		},
 		"throttled reviews get 429 with Retry-After":    {header: "Bearer alice", auth: failingTokens(review.ErrThrottled), wantCode: 429},
 		"a review that fails gets 503 with Retry-After": {header: "Bearer alice", auth: failingTokens(errors.New("boom")), wantCode: 503},
-		"an oversized token is rejected without review": {header: "Bearer " + string(make([]byte, maxTokenBytes+1)), auth: failingTokens(errors.New("reviewed")), wantCode: 401},
+		"an oversized token is rejected without review": {header: "Bearer " + string(make([]byte, MaxTokenBytes+1)), auth: failingTokens(errors.New("reviewed")), wantCode: 401},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(tc.auth, review.FailClosed, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := WithAuthentication(tc.auth, review.FailClosed, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				u, _ := request.CallerFrom(r.Context())
 				got = u.GetName()
 			}))
@@ -98,7 +99,7 @@ func (c *countingTokens) AuthenticateToken(_ context.Context, token string) (*au
 	if c.release != nil {
 		<-c.release
 	}
-	return testTokens.AuthenticateToken(context.Background(), map[string]string{"good": "alice"}[token])
+	return callertest.Tokens.AuthenticateToken(context.Background(), map[string]string{"good": "alice"}[token])
 }
 
 func TestTokenCache(t *testing.T) {
@@ -108,7 +109,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a good and a bad token are each reviewed once per TTL", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0)
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
+		auth := CachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
 		for range 5 {
 			if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
 				t.Fatalf("good token: %v %v", ok, err)
@@ -131,7 +132,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a flood of random tokens costs at most the review burst", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
 		inner := &countingTokens{}
-		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
+		auth := CachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 20, 1000, 1000, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
 		throttled := 0
 		for i := range 1000 {
 			_, ok, err := auth.AuthenticateToken(ctx, fmt.Sprintf("random-%d", i))
@@ -152,7 +153,7 @@ func TestTokenCache(t *testing.T) {
 		inner := &countingTokens{}
 		recent := utilcache.NewLRUExpireCacheWithClock(100, clk)
 		// Buckets that refill too slowly to matter within the test.
-		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(0.001, 5, 1000, 1000, 100).WithReserve(0.001, 2), 4, 10*time.Second, clk),
+		auth := CachedTokens(inner, review.NewCache("token", 100, review.NewBudget(0.001, 5, 1000, 1000, 100).WithReserve(0.001, 2), 4, 10*time.Second, clk),
 			recent, time.Minute, 10*time.Second, time.Hour)
 		if _, ok, err := auth.AuthenticateToken(ctx, "good"); !ok || err != nil {
 			t.Fatalf("good token: %v %v", ok, err)
@@ -177,7 +178,7 @@ func TestTokenCache(t *testing.T) {
 
 	t.Run("concurrent requests with one token share one review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
-		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
+		auth := CachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
 		var wg sync.WaitGroup
 		for range 10 {
 			wg.Go(func() {
@@ -197,7 +198,7 @@ func TestTokenCache(t *testing.T) {
 	t.Run("a caller that leaves does not wait for the review", func(t *testing.T) {
 		inner := &countingTokens{release: make(chan struct{})}
 		defer close(inner.release)
-		auth := cachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
+		auth := CachedTokens(inner, review.NewCache("token", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clocktesting.NewFakeClock(t0)), nil, time.Minute, time.Second, 0)
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 		defer cancel()
 		if _, _, err := auth.AuthenticateToken(cctx, "good"); !errors.Is(err, context.DeadlineExceeded) {
@@ -228,7 +229,7 @@ func TestClientPrefix(t *testing.T) {
 // shared by every caller whose review failed.
 func TestFailOpenChargesEachTokenItsOwnIdentity(t *testing.T) {
 	var got []user.Info
-	h := withAuthentication(failingTokens(errors.New("boom")), review.FailOpen, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := WithAuthentication(failingTokens(errors.New("boom")), review.FailOpen, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u, _ := request.CallerFrom(r.Context())
 		got = append(got, u)
 	}))

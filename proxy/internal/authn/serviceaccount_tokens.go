@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"bytes"
@@ -50,7 +50,7 @@ const (
 	revoked
 )
 
-// serviceAccountTokens verifies service-account JWTs locally, as
+// ServiceAccountTokens verifies service-account JWTs locally, as
 // kube-apiserver's service-account authenticator does
 // (k8s.io/kubernetes/pkg/serviceaccount/jwt.go), with go-jose, the JOSE
 // library kube-apiserver itself uses: the signature against the public keys
@@ -76,7 +76,7 @@ const (
 // network and in all (minKeyRefresh), so random key ids cannot become a
 // flood of requests nor use up the fetch a real rotation needs. It is
 // safe for concurrent use.
-type serviceAccountTokens struct {
+type ServiceAccountTokens struct {
 	client    rest.Interface
 	audiences []string // empty: the issuer itself, kube-apiserver's default --api-audiences
 	clock     clock.PassiveClock
@@ -141,14 +141,14 @@ const (
 	keyRefreshRequesters  = 1024
 )
 
-// newServiceAccountTokens verifies tokens with the issuer's keys fetched
+// NewServiceAccountTokens verifies tokens with the issuer's keys fetched
 // through client, and their objects with bound (nil: not checked). Up to
 // cacheSize tokens found valid are remembered for at most cacheTTL (never
 // past their exp, never once the keys changed); cacheSize 0 remembers
 // none. A remembered token's objects are checked again on every use
 // (bound remembers those answers itself).
-func newServiceAccountTokens(client rest.Interface, audiences []string, clk clock.PassiveClock, cacheSize int, cacheTTL time.Duration, bound *boundObjects) *serviceAccountTokens {
-	s := &serviceAccountTokens{
+func NewServiceAccountTokens(client rest.Interface, audiences []string, clk clock.PassiveClock, cacheSize int, cacheTTL time.Duration, bound *boundObjects) *ServiceAccountTokens {
+	s := &ServiceAccountTokens{
 		client: client, audiences: audiences, clock: clk, bound: bound,
 		unknownKid: review.NewBudget(keyRefreshesPerSecond, 1, float64(rate.Every(minKeyRefresh)), 1, keyRefreshRequesters),
 	}
@@ -163,7 +163,7 @@ func newServiceAccountTokens(client rest.Interface, audiences []string, clk cloc
 }
 
 // run fetches the key set now and every interval on clk until ctx ends.
-func (s *serviceAccountTokens) run(ctx context.Context, clk clock.Clock, interval time.Duration, log *sampledlog.Logger) {
+func (s *ServiceAccountTokens) Run(ctx context.Context, clk clock.Clock, interval time.Duration, log *sampledlog.Logger) {
 	periodic.NowAndEvery(ctx, clk, interval, func(ctx context.Context) {
 		if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
 			log.Info("Cannot fetch the service-account issuer's keys; service-account tokens are reviewed", "err", err.Error())
@@ -172,7 +172,7 @@ func (s *serviceAccountTokens) run(ctx context.Context, clk clock.Clock, interva
 }
 
 // refresh fetches the issuer and its key set, one fetch at a time.
-func (s *serviceAccountTokens) refresh(ctx context.Context) error {
+func (s *ServiceAccountTokens) refresh(ctx context.Context) error {
 	_, err, _ := s.flights.Do("refresh", func() (any, error) {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keyFetchTimeout)
 		defer cancel()
@@ -234,7 +234,7 @@ type claimRef struct {
 // verify tells whether token is a valid service-account token of the API
 // server's issuer at now, and if so whose. A token found valid before,
 // with the same keys, whose claims hold at now, is not verified again.
-func (s *serviceAccountTokens) verify(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict) {
+func (s *ServiceAccountTokens) verify(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict) {
 	if strings.Count(token, ".") != 2 {
 		return nil, notLocal
 	}
@@ -271,7 +271,7 @@ func (s *serviceAccountTokens) verify(ctx context.Context, token string, now tim
 // stillBound checks, with s.bound, that the objects refs names still
 // exist at now: validServiceAccount when they do, revoked when one does
 // not, notLocal when the proxy cannot tell (a TokenReview decides).
-func (s *serviceAccountTokens) stillBound(ctx context.Context, refs boundRefs, now time.Time) serviceAccountVerdict {
+func (s *ServiceAccountTokens) stillBound(ctx context.Context, refs boundRefs, now time.Time) serviceAccountVerdict {
 	if s.bound == nil {
 		return validServiceAccount
 	}
@@ -300,7 +300,7 @@ func (s *serviceAccountTokens) stillBound(ctx context.Context, refs boundRefs, n
 
 // verifyToken is verify without the cache; for a valid token it also
 // returns what the cache remembers of it.
-func (s *serviceAccountTokens) verifyToken(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, verifiedToken) {
+func (s *ServiceAccountTokens) verifyToken(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, verifiedToken) {
 	generation := s.generation.Load()
 	u, verdict, public, refs := s.verifyClaims(ctx, token, now)
 	if verdict != validServiceAccount {
@@ -321,7 +321,7 @@ func (s *serviceAccountTokens) verifyToken(ctx context.Context, token string, no
 
 // verifyClaims checks token's signature and claims; for a valid token it
 // also returns its registered claims.
-func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, *jwt.Claims, boundRefs) {
+func (s *ServiceAccountTokens) verifyClaims(ctx context.Context, token string, now time.Time) (user.Info, serviceAccountVerdict, *jwt.Claims, boundRefs) {
 	tok, err := jwt.ParseSigned(token)
 	if err != nil || len(tok.Headers) != 1 {
 		return nil, notLocal, nil, boundRefs{}
@@ -401,7 +401,7 @@ func (s *serviceAccountTokens) verifyClaims(ctx context.Context, token string, n
 // subject that is the service account its private claims name — so that
 // only such tokens may cause a key fetch: a made-up key id on a token the
 // proxy would not accept anyway fetches nothing.
-func (s *serviceAccountTokens) plausible(public *jwt.Claims, tok *jwt.JSONWebToken, issuer string, now time.Time) bool {
+func (s *ServiceAccountTokens) plausible(public *jwt.Claims, tok *jwt.JSONWebToken, issuer string, now time.Time) bool {
 	if public.ValidateWithLeeway(jwt.Expected{Issuer: issuer, Time: now}, 0) != nil {
 		return false
 	}
@@ -421,7 +421,7 @@ func (s *serviceAccountTokens) plausible(public *jwt.Claims, tok *jwt.JSONWebTok
 		public.Subject == serviceaccount.MakeUsername(k.Namespace, k.ServiceAccount.Name)
 }
 
-func (s *serviceAccountTokens) keysFor(kid string) []jose.JSONWebKey {
+func (s *ServiceAccountTokens) keysFor(kid string) []jose.JSONWebKey {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if kid == "" {

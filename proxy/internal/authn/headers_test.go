@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"encoding/base64"
@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -74,7 +75,7 @@ func TestCredentialHeadersReadAsKubeAPIServerReadsThem(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var got string
-			h := withAuthentication(testTokens, review.FailClosed, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := WithAuthentication(callertest.Tokens, review.FailClosed, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				u, _ := request.CallerFrom(r.Context())
 				got = u.GetName()
 			}))
@@ -88,22 +89,5 @@ func TestCredentialHeadersReadAsKubeAPIServerReadsThem(t *testing.T) {
 				t.Fatalf("HTTP %d, user %q; want %d, %q (%s)", rec.Code, got, tc.wantCode, tc.wantUser, rec.Body)
 			}
 		})
-	}
-}
-
-// Impersonation headers that kube-apiserver refuses with 400 are refused
-// with 400 by the proxy too, instead of being charged to the caller.
-func TestImpersonationWithoutUserIs400(t *testing.T) {
-	px := newTestProxy(t, &fakeEngine{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	for _, hs := range [][]string{
-		{"Impersonate-Group", "dev"},
-		{"Impersonate-Uid", "1234"},
-		{"Impersonate-Extra-Scopes", "view"},
-		{"Impersonate-User", "", "Impersonate-User", "bob", "Impersonate-Group", "dev"},
-	} {
-		resp, body := get(t, px, "agent", "/api/v1/pods?watch=true", hs...)
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("%q: HTTP %d %s, want 400", hs, resp.StatusCode, body)
-		}
 	}
 }

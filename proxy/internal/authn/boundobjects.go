@@ -1,4 +1,4 @@
-package proxy
+package authn
 
 import (
 	"context"
@@ -50,7 +50,7 @@ type objectState struct {
 	deleted time.Time
 }
 
-func newBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, clk clock.PassiveClock) *boundObjects {
+func NewBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, clk clock.PassiveClock) *boundObjects {
 	return &boundObjects{
 		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk),
 		ttl: ttl, negativeTTL: negativeTTL, timeout: timeout,
