@@ -7,9 +7,11 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
 	"github.com/watchgate/watchgate/proxy/internal/authn"
+	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+	"github.com/watchgate/watchgate/proxy/internal/top"
 )
 
 // A step is one filter of the chain, or one sub-step of the admission
@@ -41,16 +43,16 @@ type step struct {
 //     taken only by a watch about to go upstream;
 //   - then the reverse proxy forwards, and the stream is relayed (from the
 //     top) and read as it passes.
-func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger) []step {
+func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, topEndpoint http.Handler, logs *sampledlog.Logger) []step {
 	return []step{
 		{"Relay from the top", withRelayAtTop},
 		{"Authenticate", func(next http.Handler) http.Handler { return authn.WithAuthentication(tokens, policy, logs, next) }},
-		{"Answer the top endpoint", func(next http.Handler) http.Handler { return withTop(top, next) }},
+		{"Answer the top endpoint", func(next http.Handler) http.Handler { return top.WithTop(topEndpoint, next) }},
 		{"Classify", func(next http.Handler) http.Handler {
 			return request.WithClassification(request.NewRequestInfoFactory(), logs, next)
 		}},
 		{"Identify", func(next http.Handler) http.Handler {
-			return withBudgetIdentity(impersonation, policy, chargesOf(adm.engine), logs, next)
+			return identity.WithBudgetIdentity(impersonation, policy, identity.ChargesOf(adm.engine), logs, next)
 		}},
 		{"Coalesce", func(next http.Handler) http.Handler { return withAdmission(adm, next) }},
 		{"Admit", nil},             // withAdmission: engine.Decide
@@ -62,8 +64,8 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 }
 
 // chain builds the filter chain of steps, once, in front of forward.
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, top http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
-	s := steps(tokens, impersonation, policy, adm, top, logs)
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, topEndpoint http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
+	s := steps(tokens, impersonation, policy, adm, topEndpoint, logs)
 	h := forward
 	for i := len(s) - 1; i >= 0; i-- {
 		if s[i].filter != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/identity"
 )
 
 // FuzzCredentialHeaders checks the proxy's reading of the Authorization,
@@ -82,7 +83,7 @@ func FuzzCredentialHeaders(f *testing.F) {
 		}
 
 		// The impersonated user.
-		target, _, impErr := impersonationRequest(callertest.Alice, h.Clone())
+		target, _, impErr := identity.ImpersonationRequest(callertest.Alice, h.Clone())
 		want, code := kubeImpersonation(h.Clone())
 		switch {
 		case code == http.StatusBadRequest:

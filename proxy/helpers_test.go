@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"io"
 	"log"
 	"net/http"
@@ -12,14 +11,13 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
-	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
+	"github.com/watchgate/watchgate/proxy/internal/top"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -103,9 +101,9 @@ func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *htt
 	logs := logtest.Discard()
 	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
 	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
-	top := newTopEndpoint(adm.engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
-	top.reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
-	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, top, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
+	topEndpoint := top.NewEndpoint(adm.engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
+	topEndpoint.Reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
+	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, topEndpoint, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px
@@ -138,10 +136,4 @@ func get(t *testing.T, srv *httptest.Server, token, path string, headers ...stri
 
 func schemaGR(group, resource string) schema.GroupResource {
 	return schema.GroupResource{Group: group, Resource: resource}
-}
-
-// withCaller returns a context whose request state names u as the caller,
-// as withAuthentication leaves it.
-func withCaller(ctx context.Context, u user.Info) context.Context {
-	return request.WithState(ctx, &request.State{Caller: u})
 }

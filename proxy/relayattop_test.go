@@ -14,6 +14,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -51,7 +52,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 		guard: newWatchGuard(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
 	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
-	h = withBudgetIdentity(callertest.Impersonation, review.FailClosed, chargesOf(engine), logs, h)
+	h = identity.WithBudgetIdentity(callertest.Impersonation, review.FailClosed, identity.ChargesOf(engine), logs, h)
 	h = request.WithClassification(request.NewRequestInfoFactory(), logs, h)
 	h = authn.WithAuthentication(callertest.Tokens, review.FailClosed, logs, h)
 	panicking := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -21,8 +21,10 @@ import (
 
 	"github.com/watchgate/watchgate/internal/periodic"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
+	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+	"github.com/watchgate/watchgate/proxy/internal/top"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 )
 
@@ -118,7 +120,7 @@ func NewServer(opts Options) (*Server, error) {
 	recentTokens := utilcache.NewLRUExpireCacheWithClock(max(1, o.TokenCacheSize/4), o.Clock)
 	sarBudget := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.ImpersonationReviewsPerCallerPerSecond, o.ImpersonationReviewCallerBurst, o.ReviewRequestersTracked)
 	impersonationReviews := review.NewCache("impersonation", o.ImpersonationCacheSize, sarBudget, o.MaxConcurrentReviews, o.ReviewTimeout, o.Clock)
-	accessReviews := review.NewCache("access", maxTopAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock)
+	accessReviews := review.NewCache("access", top.MaxAccessAnswers, sarBudget, max(1, o.MaxConcurrentReviews/4), o.ReviewTimeout, o.Clock)
 	knownImpersonators := utilcache.NewLRUExpireCacheWithClock(o.ReviewRequestersTracked, o.Clock)
 
 	// Who the caller is: service-account tokens verified locally when on,
@@ -137,10 +139,10 @@ func NewServer(opts Options) (*Server, error) {
 	tokens := authn.LocalThenReviewed(saTokens, reviewed, o.Clock)
 
 	// Who may impersonate whom, and who may read the top endpoint.
-	sars := subjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews())
-	impersonation := cachedAuthorizer(sars, impersonationReviews, knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
-	access := cachedAuthorizer(sars, accessReviews, knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
-	top := newTopEndpoint(o.Engine, access, o.ReplicaName, o.Clock, errorLogs)
+	sars := identity.SubjectAccessReviewer(client.AuthorizationV1().SubjectAccessReviews())
+	impersonation := identity.CachedAuthorizer(sars, impersonationReviews, knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	access := identity.CachedAuthorizer(sars, accessReviews, knownImpersonators, o.ImpersonationCacheTTL, o.ImpersonationCacheNegativeTTL)
+	topEndpoint := top.NewEndpoint(o.Engine, access, o.ReplicaName, o.Clock, errorLogs)
 
 	// Admission: the budget, then the replica's share of watches.
 	watches := newOpenWatches()
@@ -154,7 +156,7 @@ func NewServer(opts Options) (*Server, error) {
 		guard: guard, opens: opens, warnings: warnings,
 	}
 	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, forwardedWatch)
-	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, top, errorLogs, forward)
+	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, topEndpoint, errorLogs, forward)
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
@@ -324,7 +325,7 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 // A gzip watch's held member is charged to the caller the watch belongs
 // to.
 func TestGzipWatchHoldsOnItsCallersShare(t *testing.T) {
-	ctx := withCaller(t.Context(), &user.DefaultInfo{Name: "mallory"})
+	ctx := callertest.WithCaller(t.Context(), &user.DefaultInfo{Name: "mallory"})
 	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: ctx, cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, "gzip")

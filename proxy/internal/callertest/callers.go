@@ -10,6 +10,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+
+	"github.com/watchgate/watchgate/proxy/internal/request"
 )
 
 var (
@@ -50,3 +52,9 @@ var Access = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attr
 	}
 	return authorizer.DecisionDeny, "", nil
 })
+
+// WithCaller returns a context whose request state names u as the caller,
+// as withAuthentication leaves it.
+func WithCaller(ctx context.Context, u user.Info) context.Context {
+	return request.WithState(ctx, &request.State{Caller: u})
+}

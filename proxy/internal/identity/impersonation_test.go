@@ -1,4 +1,4 @@
-package proxy
+package identity
 
 import (
 	"context"
@@ -132,7 +132,7 @@ func TestBudgetIdentity(t *testing.T) {
 				wantCode = 200
 			}
 			var got user.Info
-			h := request.WithClassification(request.NewRequestInfoFactory(), logtest.Discard(), withBudgetIdentity(auth, policy, tc.charges, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := request.WithClassification(request.NewRequestInfoFactory(), logtest.Discard(), WithBudgetIdentity(auth, policy, tc.charges, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				got, _ = request.IdentityFrom(r.Context())
 			})))
 			req := httptest.NewRequest(http.MethodGet, path, nil)
@@ -143,7 +143,7 @@ func TestBudgetIdentity(t *testing.T) {
 			}
 			before := req.Header.Clone()
 			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req.WithContext(withCaller(req.Context(), tc.caller)))
+			h.ServeHTTP(rec, req.WithContext(callertest.WithCaller(req.Context(), tc.caller)))
 			if rec.Code != wantCode {
 				t.Fatalf("HTTP %d %s, want %d", rec.Code, rec.Body, wantCode)
 			}
@@ -161,7 +161,7 @@ func TestBudgetIdentity(t *testing.T) {
 }
 
 func TestImpersonatingAServiceAccountChecksServiceAccounts(t *testing.T) {
-	target, checks, _ := impersonationRequest(callertest.Agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
+	target, checks, _ := ImpersonationRequest(callertest.Agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
 	if len(checks) != 1 || checks[0].GetResource() != "serviceaccounts" || checks[0].GetNamespace() != "ns1" || checks[0].GetName() != "sa1" {
 		t.Fatalf("checks = %+v, want impersonate serviceaccounts ns1/sa1", checks)
 	}
@@ -178,7 +178,7 @@ func TestImpersonationCache(t *testing.T) {
 		return callertest.Impersonation.Authorize(ctx, a)
 	})
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	auth := cachedAuthorizer(inner, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), utilcache.NewLRUExpireCacheWithClock(100, clk), time.Minute, 10*time.Second)
+	auth := CachedAuthorizer(inner, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), utilcache.NewLRUExpireCacheWithClock(100, clk), time.Minute, 10*time.Second)
 	check := func(caller user.Info, name string) authorizer.Decision {
 		d, _, err := auth.Authorize(context.Background(), &authorizer.AttributesRecord{User: caller, Verb: "impersonate", Resource: "users", Name: name, ResourceRequest: true})
 		if err != nil {
@@ -222,7 +222,7 @@ func TestOnlyImpersonatingUsersOrGroupsEarnsThePrivilegedLane(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 			known := utilcache.NewLRUExpireCacheWithClock(100, clk)
-			auth := cachedAuthorizer(allowAll, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), known, time.Minute, 10*time.Second)
+			auth := CachedAuthorizer(allowAll, review.NewCache("impersonation", 100, review.NewBudget(10, 10, 1000, 1000, 100), 4, 10*time.Second, clk), known, time.Minute, 10*time.Second)
 			group := ""
 			if tc.resource == "userextras" || tc.resource == "uids" {
 				group = "authentication.k8s.io"

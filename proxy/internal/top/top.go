@@ -1,4 +1,4 @@
-package proxy
+package top
 
 import (
 	"encoding/json"
@@ -40,41 +40,44 @@ const (
 	topReadBurst      = 4
 )
 
-// maxTopAccessAnswers bounds the access checks of the top endpoint's
+// MaxAccessAnswers bounds the access checks of the top endpoint's
 // callers remembered (LRU); a handful of operators read it.
-const maxTopAccessAnswers = 1024
+const MaxAccessAnswers = 1024
 
 // topResource is what a caller must be allowed to get to read the top
 // endpoint: the WatchBudgets' status, whose top offenders it details.
 var topResource = schema.GroupResource{Group: "watchgate.io", Resource: "watchbudgets"}
 
-// topEndpoint serves topv1alpha1.Path: the identities each budget tracks
+// Endpoint serves topv1alpha1.Path: the identities each budget tracks
 // on this replica, ranked, as a TopReport. Only callers a
 // SubjectAccessReview allows to get watchbudgets/status (of the one
 // budget asked for, or of every budget) may read it. It is safe for
 // concurrent use.
-type topEndpoint struct {
+type Endpoint struct {
 	engine  topEngine // nil: the engine cannot rank, 404
 	access  authorizer.Authorizer
 	replica string
-	reads   *ratelimit.KeyRate
 	clock   clock.PassiveClock
 	log     *sampledlog.Logger
+
+	// Reads is the read rate per caller (topReadsPerSecond, topReadBurst);
+	// tests that read often lift it.
+	Reads *ratelimit.KeyRate
 }
 
-func newTopEndpoint(engine Engine, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledlog.Logger) *topEndpoint {
-	t := &topEndpoint{access: access, replica: replica, reads: ratelimit.NewKeyRate(topReadsPerSecond, topReadBurst, maxTopAccessAnswers), clock: clk, log: log}
+func NewEndpoint(engine any, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledlog.Logger) *Endpoint {
+	t := &Endpoint{access: access, replica: replica, Reads: ratelimit.NewKeyRate(topReadsPerSecond, topReadBurst, MaxAccessAnswers), clock: clk, log: log}
 	t.engine, _ = engine.(topEngine)
 	return t
 }
 
-// withTop answers every request under topv1alpha1.PathPrefix with top,
+// WithTop answers every request under topv1alpha1.PathPrefix with top,
 // after authentication, and hands every other request to next: the
 // paths kube-apiserver never serves are never forwarded. The path is
 // matched as the API server would read it once cleaned, so that no
 // spelling of it ("//.watchgate/…", "/api/../.watchgate/…") slips past to
 // be forwarded.
-func withTop(top http.Handler, next http.Handler) http.Handler {
+func WithTop(top http.Handler, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "/.watchgate") && isTopPath(r.URL.Path) {
 			top.ServeHTTP(w, r)
@@ -96,7 +99,7 @@ func isTopPath(p string) bool {
 // SubjectAccessReview allows the caller to get watchbudgets/status, 429
 // or 503 when that review is throttled or fails (never forwarded, under
 // either ReviewFailurePolicy), 429 beyond topReadsPerSecond.
-func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (t *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if path.Clean("/"+r.URL.Path) != topv1alpha1.Path || t.engine == nil {
 		answer.WriteStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
@@ -135,7 +138,7 @@ func (t *topEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"User %q cannot get resource \"watchbudgets/status\" in API group %q at the cluster scope", caller.GetName(), topResource.Group)))
 		return
 	}
-	if wait, ok := t.reads.Allow(t.clock.Now(), caller.GetName()); !ok {
+	if wait, ok := t.Reads.Allow(t.clock.Now(), caller.GetName()); !ok {
 		secs := answer.RetryAfterSeconds(wait)
 		answer.WriteStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf("too many reads of the top endpoint on this replica, please try again in %ds", secs), secs))
 		return
@@ -190,7 +193,7 @@ var topOrders = map[topv1alpha1.Sort]ratelimit.TopOrder{
 }
 
 // report asks the engine for q's ranking, budgets by name.
-func (t *topEndpoint) report(q topQuery) *topv1alpha1.TopReport {
+func (t *Endpoint) report(q topQuery) *topv1alpha1.TopReport {
 	ranked := t.engine.Top(q.budget, topOrders[q.sort], q.limit)
 	rep := &topv1alpha1.TopReport{Replica: t.replica, Sort: q.sort, Limit: q.limit, Budgets: make([]topv1alpha1.BudgetTop, 0, len(ranked))}
 	rep.Kind, rep.APIVersion = topv1alpha1.Kind, topv1alpha1.APIVersion

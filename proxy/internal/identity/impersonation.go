@@ -1,4 +1,4 @@
-package proxy
+package identity
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// withBudgetIdentity decides whose budget a request spends. Without
+// WithBudgetIdentity decides whose budget a request spends. Without
 // Impersonate-* headers it is the caller's. With them it is the
 // impersonated user's — but only when auth says the caller may impersonate
 // that user and every group, extra and UID asked for, checked exactly as
@@ -52,14 +52,14 @@ import (
 //
 // Only the classic "impersonate" verb is checked; a caller allowed only
 // constrained impersonation is charged in its own name.
-func withBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
+func WithBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller, ok := request.CallerFrom(r.Context())
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
 		}
-		target, checks, err := impersonationRequest(caller, r.Header)
+		target, checks, err := ImpersonationRequest(caller, r.Header)
 		if err != nil {
 			answer.WriteStatus(w, r, apierrors.NewBadRequest(err.Error()))
 			return
@@ -92,9 +92,9 @@ func withBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy,
 // chargesFunc tells whether a budget charges r (ratelimit.Policy.Charges).
 type chargesFunc func(r *ratelimit.Request) bool
 
-// chargesOf asks the engine's current policy, when the engine has one (a
+// ChargesOf asks the engine's current policy, when the engine has one (a
 // *ratelimit.Engine does); nil otherwise.
-func chargesOf(e Engine) chargesFunc {
+func ChargesOf(e any) chargesFunc {
 	p, ok := e.(interface{ Policy() *ratelimit.Policy })
 	if !ok {
 		return nil
@@ -112,11 +112,11 @@ func budgetRequest(u user.Info, c *request.Classification, impersonated bool) *r
 	}
 }
 
-// impersonationRequest returns the user the headers ask to act as and the
+// ImpersonationRequest returns the user the headers ask to act as and the
 // checks that must all pass, as kube-apiserver's WithImpersonation builds
 // them; nil when the headers ask for nothing; an error where kube-apiserver
 // answers 400 (groups, extras or a UID without a user).
-func impersonationRequest(caller user.Info, h http.Header) (user.Info, []authorizer.Attributes, error) {
+func ImpersonationRequest(caller user.Info, h http.Header) (user.Info, []authorizer.Attributes, error) {
 	name := h.Get(authenticationv1.ImpersonateUserHeader)
 	if name == "" {
 		if len(h[authenticationv1.ImpersonateGroupHeader]) > 0 || h.Get(authenticationv1.ImpersonateUIDHeader) != "" || hasExtraHeader(h) {
@@ -188,9 +188,9 @@ func hasExtraHeader(h http.Header) bool {
 
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
-// subjectAccessReviewer asks the SubjectAccessReview API, through the
+// SubjectAccessReviewer asks the SubjectAccessReview API, through the
 // proxy's own client, whether the attributes' user may do what they say.
-func subjectAccessReviewer(client authorizationv1client.SubjectAccessReviewInterface) authorizer.Authorizer {
+func SubjectAccessReviewer(client authorizationv1client.SubjectAccessReviewInterface) authorizer.Authorizer {
 	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 		u := a.GetUser()
 		extra := map[string]authorizationv1.ExtraValue{}
@@ -221,7 +221,7 @@ type authorizerAnswer struct {
 	reason   string
 }
 
-// cachedAuthorizer wraps an authorizer with a reviewCache keyed by the
+// CachedAuthorizer wraps an authorizer with a reviewCache keyed by the
 // user's full identity and the attributes checked. Each caller (the
 // attributes' user) spends its own review budget; callers that were
 // allowed to impersonate users or groups (earnsPrivilege) within the last
@@ -229,7 +229,7 @@ type authorizerAnswer struct {
 // shared bucket (fairReviews), so a flood from callers without rights
 // cannot starve an authorised agent's checks. known holds those callers,
 // by hash, bounded in count.
-func cachedAuthorizer(inner authorizer.Authorizer, cache *review.Cache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
+func CachedAuthorizer(inner authorizer.Authorizer, cache *review.Cache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {
 	return authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 		requester := reviewerKeyOf(a.GetUser())
 		lane := review.LaneNew
