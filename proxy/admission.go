@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -36,7 +37,7 @@ type admission struct {
 	followerWait time.Duration
 	// guard, when not nil, shares the replica's watches among the callers
 	// (see watchGuard); it decides after the budget.
-	guard *watchGuard
+	guard *guard.Guard
 	// opens, when not nil, caps how fast each caller opens watches that
 	// go upstream (see watchOpenRate); it decides after the guard.
 	opens *watchOpenRate
@@ -97,18 +98,18 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
 			if a.guard != nil {
-				reason, mem := a.guard.admit(a.guard.clock.Now(), caller)
+				reason, mem := a.guard.Admit(a.guard.Clock.Now(), caller)
 				if reason != "" {
 					a.notForwarded(&d, lead)
-					a.warnGuard(w, a.clock.Now(), caller, reason, mem, guardRetryAfterSeconds)
-					a.guard.refuse(w, r, reason, mem)
+					a.warnGuard(w, a.clock.Now(), caller, reason, mem, guard.RetryAfterSeconds)
+					a.guard.Refuse(w, r, reason, mem)
 					return
 				}
 			}
 			if a.opens != nil {
 				if wait, ok := a.opens.allow(a.clock.Now(), caller); !ok {
 					if a.guard != nil {
-						a.guard.release(caller)
+						a.guard.Release(caller)
 					}
 					a.notForwarded(&d, lead)
 					a.warnGuard(w, a.clock.Now(), caller, GuardWatchOpenRate, nil, answer.RetryAfterSeconds(wait))
@@ -118,7 +119,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			}
 			var release func()
 			if a.guard != nil {
-				release = func() { a.guard.release(caller) }
+				release = func() { a.guard.Release(caller) }
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true

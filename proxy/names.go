@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
@@ -27,3 +28,49 @@ const (
 	// caller cannot otherwise spend (see review.FailOpen).
 	FailOpen = review.FailOpen
 )
+
+// The watch guard's limits and the memory they read (see
+// proxy/internal/guard).
+type (
+	// MemoryReader returns the memory the process uses and the limit it
+	// must stay within, in bytes; limit 0 or math.MaxUint64 means none.
+	MemoryReader = guard.MemoryReader
+	// MemoryLimit is the memory a process runs under and where it was
+	// found; Bytes 0 when nothing says.
+	MemoryLimit = guard.MemoryLimit
+)
+
+const (
+	// DefaultMaxWatches is Options.MaxWatches's default (see
+	// guard.DefaultMaxWatches).
+	DefaultMaxWatches = guard.DefaultMaxWatches
+	// DefaultMemoryHighWaterPercent is Options.MemoryHighWaterPercent's
+	// default.
+	DefaultMemoryHighWaterPercent = guard.DefaultMemoryHighWaterPercent
+
+	// The reasons the watch guard refuses a watch, in
+	// X-Watchgate-Decision and the Warning header.
+	GuardMemoryHighWater       = guard.GuardMemoryHighWater
+	GuardMaxWatches            = guard.GuardMaxWatches
+	GuardMaxWatchesPerIdentity = guard.GuardMaxWatchesPerIdentity
+	GuardFairShare             = guard.GuardFairShare
+)
+
+// ProcessMemoryLimit is the memory this process runs under: GOMEMLIMIT
+// when set, else its cgroup's memory limit, else the machine's physical
+// memory.
+func ProcessMemoryLimit() MemoryLimit { return guard.ProcessMemoryLimit() }
+
+// MaxWatchesFor is the default of --max-watches for a process that runs
+// under l (see guard.MaxWatchesFor).
+func MaxWatchesFor(l MemoryLimit) int { return guard.MaxWatchesFor(l) }
+
+// DefaultMaxWatchesPerIdentity is the cap per caller that
+// MaxWatchesPerIdentity 0 stands for: a quarter of maxWatches, at least 1;
+// 0 (none) without maxWatches.
+func DefaultMaxWatchesPerIdentity(maxWatches int) int {
+	return guard.DefaultMaxWatchesPerIdentity(maxWatches)
+}
+
+// RuntimeMemory is the default MemoryReader (see guard.RuntimeMemory).
+func RuntimeMemory() (inUse, limit uint64) { return guard.RuntimeMemory() }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -189,7 +190,7 @@ type Options struct {
 
 	// MemoryReader reads memory in use and its limit for the watch guard;
 	// default RuntimeMemory.
-	MemoryReader MemoryReader
+	MemoryReader guard.MemoryReader
 	// Clock is the time source for decisions; default the real clock.
 	Clock clock.Clock
 	// Reviews is the API server the proxy's own TokenReviews,
@@ -331,9 +332,9 @@ func (o Options) complete() Options {
 	def(&o.ShutdownGracePeriod, DefaultShutdownGracePeriod)
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
-	defInt(&o.MemoryHighWaterPercent, DefaultMemoryHighWaterPercent)
+	defInt(&o.MemoryHighWaterPercent, guard.DefaultMemoryHighWaterPercent)
 	if o.MaxWatchesPerIdentity == 0 {
-		o.MaxWatchesPerIdentity = DefaultMaxWatchesPerIdentity(o.MaxWatches)
+		o.MaxWatchesPerIdentity = guard.DefaultMaxWatchesPerIdentity(o.MaxWatches)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
@@ -49,7 +50,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	adm := &admission{
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
 		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait, maxDelay: 10 * time.Millisecond,
-		guard: newWatchGuard(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
+		guard: guard.New(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
 	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
 	h = identity.WithBudgetIdentity(callertest.Impersonation, review.FailClosed, identity.ChargesOf(engine), logs, h)
@@ -79,7 +80,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	if got := engine.waitEnded(t, 1); len(got) != 1 || got[0] != ratelimit.OutcomeClosed {
 		t.Fatalf("engine heard of ends %v, want one closed watch", got)
 	}
-	if reason, _ := adm.guard.admit(time.Now(), "alice"); reason != "" {
+	if reason, _ := adm.guard.Admit(time.Now(), "alice"); reason != "" {
 		t.Fatalf("the watch's place in the guard was not given back: a new watch is refused %s", reason)
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/watchgate/watchgate/internal/periodic"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
@@ -146,7 +147,7 @@ func NewServer(opts Options) (*Server, error) {
 
 	// Admission: the budget, then the replica's share of watches.
 	watches := newOpenWatches()
-	guard := newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
+	guard := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
 	opens := newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
 	warnings := newWarningLimiter(warningInterval, maxWarnedIdentities)
 	adm := &admission{

@@ -12,6 +12,7 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -100,7 +101,7 @@ func warningText(v ratelimit.Verb, d *ratelimit.Decision) string {
 // a watch of caller at now (reason, with the memory sample s it decided
 // on), unless that caller was warned about a guard refusal within
 // warningInterval.
-func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *memorySample, retryAfter int) {
+func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *guard.MemorySample, retryAfter int) {
 	if a.warnings == nil || !a.warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: retryAfter}) {
 		return
 	}
@@ -128,11 +129,11 @@ func (a *admission) warnGuardOwed(w http.ResponseWriter, caller string) {
 
 // refusalText says which limit of the replica refused a watch for reason:
 // the watch-open ceiling's, or the guard's.
-func (a *admission) refusalText(reason string, s *memorySample) string {
+func (a *admission) refusalText(reason string, s *guard.MemorySample) string {
 	if reason == GuardWatchOpenRate && a.opens != nil {
 		return a.opens.text()
 	}
-	return a.guard.refusalText(reason, s)
+	return a.guard.RefusalText(reason, s)
 }
 
 // rejection is what a repeated warning says about a 429 (or a guard's 503).

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -224,7 +225,7 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Now())
 	release := make(chan struct{})
 	defer close(release)
-	g := newWatchGuard(2, 1, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
+	g := guard.New(2, 1, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
 	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 10 * time.Millisecond, guard: g, warnings: newWarningLimiter(time.Hour, 100)},
 		guardedUpstream(t, release))
 	watch := func(token string) (int, []string) {
@@ -249,7 +250,7 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 		// Another caller is warned on its own.
 		{func() {
 			holdPath(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
-			waitFor(t, "the agent's watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
+			waitFor(t, "the agent's watch", func() bool { return g.OpenCount() == 1 })
 		}, "agent", 429,
 			"299 watchgate refused this watch on this replica (MaxWatchesPerIdentity: you hold --max-watches-per-identity=1 watches); retry after 5s"},
 		{nil, "agent", 429, ""},
@@ -257,7 +258,7 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 		// reason.
 		{func() {
 			holdPath(t, px, "alice", "/apis/two.example/v1/things?watch=true&resourceVersion=5")
-			waitFor(t, "two watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 2 })
+			waitFor(t, "two watches", func() bool { return g.OpenCount() == 2 })
 		}, "alice", 429, ""},
 	} {
 		if step.before != nil {
@@ -272,21 +273,21 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 }
 
 func TestGuardRefusalText(t *testing.T) {
-	g := newWatchGuard(4000, 1000, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
-	uncapped := newWatchGuard(0, 0, 90, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	g := guard.New(4000, 1000, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	uncapped := guard.New(0, 0, 90, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
 	for name, tc := range map[string]struct {
-		g      *watchGuard
+		g      *guard.Guard
 		reason string
 		want   string
 	}{
-		"the replica's watch cap":  {g, GuardMaxWatches, "it forwards --max-watches=4000 watches"},
-		"the cap per identity":     {g, GuardMaxWatchesPerIdentity, "you hold --max-watches-per-identity=1000 watches"},
-		"fair share near the cap":  {g, GuardFairShare, "near --max-watches=4000 or --memory-high-water-percent=85, you hold your fair share of the watches"},
-		"fair share without a cap": {uncapped, GuardFairShare, "near --memory-high-water-percent=90, you hold your fair share of the watches"},
-		"memory, sample not known": {g, GuardMemoryHighWater, "memory in use above --memory-high-water-percent=85"},
+		"the replica's watch cap":  {g, guard.GuardMaxWatches, "it forwards --max-watches=4000 watches"},
+		"the cap per identity":     {g, guard.GuardMaxWatchesPerIdentity, "you hold --max-watches-per-identity=1000 watches"},
+		"fair share near the cap":  {g, guard.GuardFairShare, "near --max-watches=4000 or --memory-high-water-percent=85, you hold your fair share of the watches"},
+		"fair share without a cap": {uncapped, guard.GuardFairShare, "near --memory-high-water-percent=90, you hold your fair share of the watches"},
+		"memory, sample not known": {g, guard.GuardMemoryHighWater, "memory in use above --memory-high-water-percent=85"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if got := tc.g.refusalText(tc.reason, nil); got != tc.want {
+			if got := tc.g.RefusalText(tc.reason, nil); got != tc.want {
 				t.Errorf("refusalText = %q, want %q", got, tc.want)
 			}
 		})
@@ -319,3 +320,5 @@ func checkWarning(t *testing.T, step int, got []string, want string) {
 		t.Errorf("step %d: warnings %q, want %q", step, got, wants)
 	}
 }
+
+const mib = 1 << 20

@@ -19,126 +19,29 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-func TestGuardVerdict(t *testing.T) {
-	for name, tc := range map[string]struct {
-		st               guardState
-		max, perIdentity int64
-		want             string
-	}{
-		"admits below every mark":                       {st: guardState{open: 10, callers: 3, held: 2}, max: 100},
-		"refuses above the high-water mark":             {st: guardState{open: 10, highWater: true, nearMemory: true}, max: 100, want: GuardMemoryHighWater},
-		"memory wins when both would refuse":            {st: guardState{open: 100, highWater: true}, max: 100, want: GuardMemoryHighWater},
-		"refuses at the watch cap":                      {st: guardState{open: 100}, max: 100, want: GuardMaxWatches},
-		"admits the last watch under the cap":           {st: guardState{open: 99}, max: 100},
-		"no cap when max is 0":                          {st: guardState{open: 1 << 40}},
-		"refuses a caller at its ceiling":               {st: guardState{open: 10, held: 25, callers: 1}, max: 100, perIdentity: 25, want: GuardMaxWatchesPerIdentity},
-		"admits a caller under its ceiling":             {st: guardState{open: 10, held: 24, callers: 1}, max: 100, perIdentity: 25},
-		"below 75% of the cap shares are not checked":   {st: guardState{open: 74, held: 70, callers: 2}, max: 100},
-		"near the cap a caller at its share is refused": {st: guardState{open: 75, held: 50, callers: 2}, max: 100, want: GuardFairShare},
-		// The newcomer counts: three callers share 100 watches.
-		"near the cap a newcomer is admitted":         {st: guardState{open: 98, held: 0, callers: 2}, max: 100},
-		"near the cap a caller under its share is in": {st: guardState{open: 90, held: 33, callers: 3}, max: 100},
-		"near the cap a caller at a third is out":     {st: guardState{open: 90, held: 34, callers: 3}, max: 100, want: GuardFairShare},
-		// Without a cap, near the memory mark the share is of what is open.
-		"near the memory mark above the mean is out": {st: guardState{open: 90, held: 45, callers: 2, nearMemory: true}, want: GuardFairShare},
-		"near the memory mark below the mean is in":  {st: guardState{open: 90, held: 44, callers: 2, nearMemory: true}},
-	} {
-		t.Run(name, func(t *testing.T) {
-			if got := guardVerdict(tc.st, tc.max, tc.perIdentity); got != tc.want {
-				t.Errorf("guardVerdict = %q, want %q", got, tc.want)
-			}
-		})
-	}
-}
-
 func noMemory() (uint64, uint64) { return 0, 0 }
-
-func TestGuardCapsWatches(t *testing.T) {
-	g := newWatchGuard(5, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
-	var admitted atomic.Int32
-	var wg sync.WaitGroup
-	for i := range 50 {
-		wg.Go(func() {
-			if r, _ := g.admit(time.Now(), string(rune('a'+i%26))); r == "" {
-				admitted.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if n := admitted.Load(); n != 5 {
-		t.Fatalf("%d of 50 concurrent watches admitted under a cap of 5", n)
-	}
-	if r, _ := g.admit(time.Now(), "z"); r != GuardMaxWatches {
-		t.Errorf("at the cap: %q, want %q", r, GuardMaxWatches)
-	}
-}
-
-// Near the cap the replica's watches are shared max-min fairly among the
-// callers holding them: one that holds its share or more waits, one below
-// it gets in. Released places go back, and a caller's entry with them.
-func TestGuardSharesFairlyNearTheCap(t *testing.T) {
-	now := time.Now()
-	g := newWatchGuard(8, 0, 85, noMemory, clocktesting.NewFakePassiveClock(now))
-	steps := []struct {
-		caller string
-		want   string
-	}{
-		{"alice", ""}, {"alice", ""}, {"alice", ""}, {"alice", ""}, {"alice", ""},
-		{"alice", ""}, // 6 of 8 open: near the cap from now on
-		{"alice", ""}, // alone, alice's share is the whole replica
-		{"bob", ""},   // 8 open: the cap
-		{"bob", GuardMaxWatches},
-	}
-	for i, s := range steps {
-		if got, _ := g.admit(now, s.caller); got != s.want {
-			t.Fatalf("step %d (%s): %q, want %q", i, s.caller, got, s.want)
-		}
-	}
-	for range 3 {
-		g.release("alice")
-	}
-	// 5 open, alice 4, bob 1: below 75%; then near it, two callers share 8.
-	if got, _ := g.admit(now, "alice"); got != "" {
-		t.Fatalf("alice below 75%%: %q, want admitted", got)
-	}
-	if got, _ := g.admit(now, "alice"); got != GuardFairShare {
-		t.Errorf("alice at 5 of 6 open, share 4: %q, want %q", got, GuardFairShare)
-	}
-	if got, _ := g.admit(now, "carol"); got != "" {
-		t.Errorf("carol, a newcomer near the cap: %q, want admitted", got)
-	}
-	if got, _ := g.admit(now, "bob"); got != "" {
-		t.Errorf("bob, 1 of a share of 3: %q, want admitted", got)
-	}
-	for range 2 {
-		g.release("bob")
-	}
-	g.release("carol")
-	if n := len(g.held); n != 1 {
-		t.Errorf("%d callers tracked after bob and carol left, want 1", n)
-	}
-}
 
 // With the chart's defaults (a cap of DefaultMaxWatches and a catch-all
 // DryRun budget that refuses nothing) one caller cannot take a replica:
 // its own ceiling stops it at a quarter, and another caller still gets in.
 func TestTheDefaultsKeepOneCallerFromTakingTheReplica(t *testing.T) {
-	o := Options{MaxWatches: DefaultMaxWatches}.complete()
-	g := newWatchGuard(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	o := Options{MaxWatches: guard.DefaultMaxWatches}.complete()
+	g := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
 	n, reason := 0, ""
-	for ; n <= DefaultMaxWatches; n++ {
-		if reason, _ = g.admit(time.Now(), "mallory"); reason != "" {
+	for ; n <= guard.DefaultMaxWatches; n++ {
+		if reason, _ = g.Admit(time.Now(), "mallory"); reason != "" {
 			break
 		}
 	}
-	if reason != GuardMaxWatchesPerIdentity || n != DefaultMaxWatches/4 {
-		t.Errorf("one caller opened %d watches, then %q; want %d, then %q", n, reason, DefaultMaxWatches/4, GuardMaxWatchesPerIdentity)
+	if reason != guard.GuardMaxWatchesPerIdentity || n != guard.DefaultMaxWatches/4 {
+		t.Errorf("one caller opened %d watches, then %q; want %d, then %q", n, reason, guard.DefaultMaxWatches/4, guard.GuardMaxWatchesPerIdentity)
 	}
-	if r, _ := g.admit(time.Now(), "alice"); r != "" {
+	if r, _ := g.Admit(time.Now(), "alice"); r != "" {
 		t.Errorf("another caller after that: %q, want admitted", r)
 	}
 }
@@ -198,7 +101,7 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 		return ratelimit.Decision{Allowed: true}
 	}}
 	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 2 * time.Second,
-		guard: newWatchGuard(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, nil))
+		guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, nil))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -226,7 +129,7 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	release := make(chan struct{})
 	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond,
-		guard: newWatchGuard(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
+		guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
 	before := metricstest.CounterValue(t, watchesCoalesced)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -263,7 +166,7 @@ func TestWatchGuardAnswers(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	engine := &fakeEngine{}
-	g := newWatchGuard(4, 2, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
+	g := guard.New(4, 2, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
 	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
 	check := func(token, path string, code int, reason metav1.StatusReason, header, message string) {
 		t.Helper()
@@ -280,14 +183,14 @@ func TestWatchGuardAnswers(t *testing.T) {
 	}
 	// Watches of different groups, so that none follows another.
 	holdPath(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
-	waitFor(t, "alice's first watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
+	waitFor(t, "alice's first watch", func() bool { return g.OpenCount() == 1 })
 	holdPath(t, px, "alice", "/apis/one.example/v1/things?watch=true&resourceVersion=5")
 	holdPath(t, px, "agent", "/apis/two.example/v1/things?watch=true&resourceVersion=5")
-	waitFor(t, "three watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 3 })
+	waitFor(t, "three watches", func() bool { return g.OpenCount() == 3 })
 	check("alice", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
 		"reject; reason=MaxWatchesPerIdentity; retry-after=5", "maximum of 2 watches per identity")
 	holdPath(t, px, "agent", "/apis/three.example/v1/things?watch=true&resourceVersion=5")
-	waitFor(t, "four watches", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 4 })
+	waitFor(t, "four watches", func() bool { return g.OpenCount() == 4 })
 	check("agent", "/api/v1/namespaces/a/configmaps?watch=true", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
 		"reject; reason=MaxWatches; retry-after=5", "maximum of 4 watches")
 	if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/configmaps"); resp.StatusCode != http.StatusOK {
@@ -319,10 +222,10 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Now())
 	var inUse atomic.Uint64
 	inUse.Store(10 * mib)
-	g := newWatchGuard(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
+	g := guard.New(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
 	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
 	holdPath(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
-	waitFor(t, "alice's watch", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 1 })
+	waitFor(t, "alice's watch", func() bool { return g.OpenCount() == 1 })
 	inUse.Store(80 * mib) // above 90% of the 85% mark
 	clk.SetTime(clk.Now().Add(time.Second))
 	resp, body := get(t, px, "alice", "/api/v1/namespaces/a/configmaps?watch=true")
@@ -347,7 +250,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 		}
 		return ratelimit.Decision{Allowed: true}
 	}}
-	g := newWatchGuard(10, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	g := guard.New(10, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
 	// 3 at once, then one per 100 s: nothing refills while the test runs.
 	px := newTestAdmission(t, &admission{engine: engine, maxDelay: time.Millisecond, guard: g,
 		opens: newWatchOpenRate(0.01, 3), warnings: newWarningLimiter(warningInterval, maxWarnedIdentities)}, guardedUpstream(t, nil))
@@ -366,7 +269,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 			t.Fatalf("the agent's watch %d of its burst of 3: HTTP %d %q %s", i+1, resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 		}
 	}
-	before := metricstest.CounterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate))
+	before := metricstest.CounterValue(t, guard.Rejections.WithLabelValues(GuardWatchOpenRate))
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true", "Impersonate-User", "bob")
 	var s metav1.Status
 	if err := json.Unmarshal(body, &s); err != nil {
@@ -382,13 +285,13 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 	if w := resp.Header.Get("Warning"); !strings.Contains(w, "WatchOpenRate") || !strings.Contains(w, "--watch-open-burst-per-identity=3") {
 		t.Errorf("the agent's 4th watch carries Warning %q, want one naming WatchOpenRate and --watch-open-burst-per-identity=3", w)
 	}
-	if n := metricstest.CounterValue(t, guardRejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
+	if n := metricstest.CounterValue(t, guard.Rejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
 		t.Errorf("watchgate_proxy_guard_rejections_total{reason=WatchOpenRate} grew by %v, want 1", n)
 	}
 	if resp, body := get(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true"); resp.StatusCode != http.StatusOK {
 		t.Errorf("alice's first watch while the agent's bucket is empty: HTTP %d %q %s, want 200", resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 	}
-	waitFor(t, "every guard place back", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.open == 0 })
+	waitFor(t, "every guard place back", func() bool { return g.OpenCount() == 0 })
 	_, ended, _ := engine.snapshot()
 	if n := countOutcome(ended, ratelimit.OutcomeNotForwarded); n != 1 {
 		t.Errorf("%d watches ended not forwarded, want the refused one", n)

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -73,7 +74,7 @@ func (o *watchOpenRate) text() string {
 // the wait rounded up to whole seconds, at least 1.
 func (o *watchOpenRate) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration) {
 	retry := answer.RetryAfterSeconds(wait)
-	guardRejections.WithLabelValues(GuardWatchOpenRate).Inc()
+	guard.Rejections.WithLabelValues(GuardWatchOpenRate).Inc()
 	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", GuardWatchOpenRate, "", retry))
 	answer.WriteStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
 		"watchgate forwards at most its per-identity rate of watch opens on this replica and you opened yours, please try again in %ds",

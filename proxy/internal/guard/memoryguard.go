@@ -1,4 +1,4 @@
-package proxy
+package guard
 
 import (
 	"math"
@@ -78,7 +78,7 @@ func RuntimeMemory() (inUse, limit uint64) {
 }
 
 // memorySample is one reading and when it was taken.
-type memorySample struct {
+type MemorySample struct {
 	at           time.Time
 	inUse, limit uint64
 }
@@ -89,7 +89,7 @@ type memorySample struct {
 type memorySampler struct {
 	read   MemoryReader
 	every  time.Duration
-	sample atomic.Pointer[memorySample]
+	sample atomic.Pointer[MemorySample]
 	// sampling is held by the one caller refreshing the sample.
 	sampling sync.Mutex
 
@@ -106,7 +106,7 @@ func newMemorySampler(read MemoryReader) *memorySampler {
 		read = RuntimeMemory
 	}
 	m := &memorySampler{read: read, every: memorySampleInterval, collect: runtime.GC, collectEvery: memoryCollectInterval}
-	m.sample.Store(&memorySample{})
+	m.sample.Store(&MemorySample{})
 	return m
 }
 
@@ -129,20 +129,20 @@ func (m *memorySampler) reclaim(now time.Time) {
 	go func() {
 		defer m.collecting.Store(false)
 		m.collect()
-		m.sample.Store(&memorySample{}) // stale: the next call reads anew
+		m.sample.Store(&MemorySample{}) // stale: the next call reads anew
 	}()
 }
 
 // at returns a sample at most m.every old at now, refreshing it when it is
 // older and no other caller is refreshing it already.
-func (m *memorySampler) at(now time.Time) *memorySample {
+func (m *memorySampler) at(now time.Time) *MemorySample {
 	s := m.sample.Load()
 	if now.Sub(s.at) < m.every || !m.sampling.TryLock() {
 		return s
 	}
 	defer m.sampling.Unlock()
 	inUse, limit := m.read()
-	s = &memorySample{at: now, inUse: inUse, limit: limit}
+	s = &MemorySample{at: now, inUse: inUse, limit: limit}
 	m.sample.Store(s)
 	memoryInUseBytes.Set(float64(inUse))
 	memoryLimitBytes.Set(float64(limit))
@@ -151,7 +151,7 @@ func (m *memorySampler) at(now time.Time) *memorySample {
 
 // above reports whether the sample is above fraction of its limit; never
 // without a limit or for a fraction of 0, or 1 and more.
-func (s *memorySample) above(fraction float64) bool {
+func (s *MemorySample) above(fraction float64) bool {
 	return fraction > 0 && fraction < 1 && s.limit > 0 && float64(s.inUse) > fraction*float64(s.limit)
 }
 

@@ -1,4 +1,4 @@
-package proxy
+package guard
 
 import (
 	"fmt"
@@ -45,10 +45,10 @@ const (
 	// fairShareMemoryFraction is the fraction of the memory high-water
 	// mark above which each caller is held to its fair share.
 	fairShareMemoryFraction = 0.9
-	// guardRetryAfterSeconds is the Retry-After of a guard refusal: long
+	// RetryAfterSeconds is the Retry-After of a guard refusal: long
 	// enough for watches to end or the collector to catch up, short enough
 	// for client-go's REST client, which waits and retries up to 10 times.
-	guardRetryAfterSeconds = 5
+	RetryAfterSeconds = 5
 )
 
 // MaxWatchesFor is the default of --max-watches for a process that runs
@@ -108,7 +108,7 @@ const (
 	GuardFairShare = "FairShare"
 )
 
-// watchGuard protects the replica itself, whatever the budgets say, and
+// Guard protects the replica itself, whatever the budgets say, and
 // shares it fairly among the callers (authenticated identities, the ones
 // whose credentials the connection carries, never an impersonated name):
 //
@@ -131,7 +131,7 @@ const (
 // one map entry per caller holding watches (the key shares the caller's
 // name with its requests), so at most one per open watch. It is safe for
 // concurrent use.
-type watchGuard struct {
+type Guard struct {
 	// maxWatches caps watches in flight through the replica; 0 is no cap.
 	maxWatches int64
 	// perIdentity caps one caller's watches in flight; 0 is no cap.
@@ -143,18 +143,18 @@ type watchGuard struct {
 	// highWaterPercent is highWater in percent, as the flag set it.
 	highWaterPercent int
 	memory           *memorySampler
-	clock            clock.PassiveClock
+	Clock            clock.PassiveClock
 
 	mu   sync.Mutex
 	open int64            // guarded by mu
 	held map[string]int64 // watches per caller holding any; guarded by mu
 }
 
-func newWatchGuard(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *watchGuard {
+func New(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *Guard {
 	guardMaxWatches.Set(float64(maxWatches))
-	return &watchGuard{
+	return &Guard{
 		maxWatches: int64(maxWatches), perIdentity: int64(perIdentity), highWater: float64(highWaterPercent) / 100, highWaterPercent: highWaterPercent,
-		memory: newMemorySampler(read), clock: clk, held: map[string]int64{},
+		memory: newMemorySampler(read), Clock: clk, held: map[string]int64{},
 	}
 }
 
@@ -206,9 +206,9 @@ func fairShare(s guardState, maxWatches int64) int64 {
 	return max(1, (capacity+callers-1)/callers)
 }
 
-// admit takes a place for one watch of caller at now, or returns the
+// Admit takes a place for one watch of caller at now, or returns the
 // reason it cannot; after "", call release(caller) when the watch ends.
-func (g *watchGuard) admit(now time.Time, caller string) (reason string, s *memorySample) {
+func (g *Guard) Admit(now time.Time, caller string) (reason string, s *MemorySample) {
 	s = g.memory.at(now)
 	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction)}
 	if st.highWater {
@@ -226,8 +226,8 @@ func (g *watchGuard) admit(now time.Time, caller string) (reason string, s *memo
 	return "", s
 }
 
-// release gives back a place admit took for caller.
-func (g *watchGuard) release(caller string) {
+// Release gives back a place admit took for caller.
+func (g *Guard) Release(caller string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.open--
@@ -239,38 +239,38 @@ func (g *watchGuard) release(caller string) {
 	guardCallers.Set(float64(len(g.held)))
 }
 
-// refuse answers a watch the guard refused for reason, with a Status and
+// Refuse answers a watch the guard refused for reason, with a Status and
 // Retry-After that client-go waits for and retries: 503 above the memory
 // high-water mark, 429 otherwise.
-func (g *watchGuard) refuse(w http.ResponseWriter, r *http.Request, reason string, s *memorySample) {
-	guardRejections.WithLabelValues(reason).Inc()
-	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", reason, "", guardRetryAfterSeconds))
+func (g *Guard) Refuse(w http.ResponseWriter, r *http.Request, reason string, s *MemorySample) {
+	Rejections.WithLabelValues(reason).Inc()
+	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", reason, "", RetryAfterSeconds))
 	var e *apierrors.StatusError
 	switch reason {
 	case GuardMemoryHighWater:
 		e = answer.ServiceUnavailable(fmt.Sprintf(
 			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
-			s.inUse>>20, s.limit>>20, guardRetryAfterSeconds), guardRetryAfterSeconds)
+			s.inUse>>20, s.limit>>20, RetryAfterSeconds), RetryAfterSeconds)
 	case GuardMaxWatchesPerIdentity:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate forwards its maximum of %d watches per identity on this replica for you, please try again in %ds",
-			g.perIdentity, guardRetryAfterSeconds), guardRetryAfterSeconds)
+			g.perIdentity, RetryAfterSeconds), RetryAfterSeconds)
 	case GuardFairShare:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate is near its capacity on this replica and you hold your fair share of its watches, please try again in %ds",
-			guardRetryAfterSeconds), guardRetryAfterSeconds)
+			RetryAfterSeconds), RetryAfterSeconds)
 	default:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate forwards its maximum of %d watches on this replica, please try again in %ds",
-			g.maxWatches, guardRetryAfterSeconds), guardRetryAfterSeconds)
+			g.maxWatches, RetryAfterSeconds), RetryAfterSeconds)
 	}
 	answer.WriteStatus(w, r, e)
 }
 
-// refusalText says, for a Warning header, which limit a refusal for reason
+// RefusalText says, for a Warning header, which limit a refusal for reason
 // met and which flag sets it; with the memory sample s (nil: not known),
 // how much memory is in use.
-func (g *watchGuard) refusalText(reason string, s *memorySample) string {
+func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 	switch reason {
 	case GuardMemoryHighWater:
 		if s != nil {
@@ -291,7 +291,7 @@ func (g *watchGuard) refusalText(reason string, s *memorySample) string {
 
 // The guard's metrics, next to the guard (registered with the proxy's).
 var (
-	guardRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_guard_rejections_total",
 		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare, WatchOpenRate).",
 	}, []string{"reason"})
@@ -308,5 +308,12 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(guardRejections, guardCallers, guardMaxWatches)
+	ctrlmetrics.Registry.MustRegister(Rejections, guardCallers, guardMaxWatches)
+}
+
+// OpenCount is the number of watches holding a place.
+func (g *Guard) OpenCount() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.open
 }

@@ -1,0 +1,14 @@
+// Package guard shares this replica's watches among its callers: Guard
+// admits a watch its budget already admitted only while the replica can
+// afford it (503 above the memory high-water mark of GOMEMLIMIT, read from
+// the runtime, MemoryReader), 429 at the replica's cap (MaxWatches), at
+// the cap per caller, and near either beyond the caller's fair share. A
+// new reason to refuse a watch for the replica's sake is added here;
+// reasons of a budget belong to ratelimit, and the order of the checks to
+// proxy's admission.
+//
+// It also says what the caps default to for the memory a process runs
+// under (ProcessMemoryLimit, MaxWatchesFor). It does not know budgets or
+// callers' identities beyond their names. proxy's admission filter asks it
+// after the engine.
+package guard
