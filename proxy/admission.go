@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
@@ -32,7 +33,7 @@ type admission struct {
 	// coalescer holds back followers, concurrent watches from one
 	// resourceVersion, while their leader asks the API server (nil: none
 	// are held); quietWindow and followerWait are its timings.
-	coalescer    *coalescer
+	coalescer    *coalesce.Coalescer
 	quietWindow  time.Duration
 	followerWait time.Duration
 	// guard, when not nil, shares the replica's watches among the callers
@@ -67,9 +68,9 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			return
 		}
 		caller := request.CallerName(r.Context())
-		var lead *leader
-		if k, ok := coalescingKey(c); ok && a.coalescer != nil {
-			if lead, ok = a.coalescer.coalesce(r.Context(), k, caller, a.followerWait); !ok {
+		var lead *coalesce.Leader
+		if k, ok := coalesce.KeyOf(c); ok && a.coalescer != nil {
+			if lead, ok = a.coalescer.Coalesce(r.Context(), k, caller, a.followerWait); !ok {
 				return // the client left
 			}
 		}
@@ -79,7 +80,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 		watchServed := false
 		defer func() {
 			if lead != nil && !watchServed {
-				lead.handOver()
+				lead.HandOver()
 			}
 		}()
 		start := a.clock.Now()
@@ -90,9 +91,9 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 				// Its followers need not wait out the rejection's delay: the
 				// engine knows the version stale, or they ask themselves.
 				if d.Reason == ratelimit.ReasonStaleResourceVersion {
-					lead.settle()
+					lead.Settle()
 				} else {
-					lead.handOver()
+					lead.HandOver()
 				}
 			}
 			a.reject(w, r, c, &d)
@@ -132,10 +133,10 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 
 // notForwarded ends a watch its budget admitted (d) and that is refused
 // after all: its slot goes back, and its followers need not wait.
-func (a *admission) notForwarded(d *ratelimit.Decision, lead *leader) {
+func (a *admission) notForwarded(d *ratelimit.Decision, lead *coalesce.Leader) {
 	a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
 	if lead != nil {
-		lead.handOver()
+		lead.HandOver()
 	}
 }
 
@@ -233,7 +234,7 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // handed over, also when the proxy panics out of the stream
 // (http.ErrAbortHandler). Under withRelayAtTop the relay and the end run
 // there, after the filters have returned; otherwise here.
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *leader, release func(), next http.Handler) {
+func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	ws := &watchState{
@@ -252,7 +253,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 			release()
 		}
 		if lead != nil {
-			lead.handOver()
+			lead.HandOver()
 		}
 	}
 	relayed := false

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/top"
@@ -100,7 +101,7 @@ func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *htt
 	}
 	logs := logtest.Discard()
 	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
-	adm.coalescer, adm.quietWindow, adm.followerWait = newCoalescer(), leaderQuietWindow, followerWait
+	adm.coalescer, adm.quietWindow, adm.followerWait = coalesce.New(), coalesce.LeaderQuietWindow, coalesce.FollowerWait
 	topEndpoint := top.NewEndpoint(adm.engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
 	topEndpoint.Reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
 	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, topEndpoint, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))

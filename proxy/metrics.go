@@ -30,11 +30,6 @@ var (
 		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403).",
 	}, []string{"outcome"})
 
-	watchesCoalesced = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "watchgate_proxy_watches_coalesced_total",
-		Help: "Followers: watch opens held back while their leader, another watch from the same resourceVersion, asked the API server whether it is too old.",
-	})
-
 	staleVersionsLearned = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "watchgate_proxy_stale_versions_learned_total",
 		Help: "ERROR 410 events seen in watch streams from the API server, each teaching the engine a stale resourceVersion.",
@@ -48,6 +43,6 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded, watchesCoalesced,
+	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded,
 		staleVersionsLearned, decisionSeconds)
 }

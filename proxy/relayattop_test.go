@@ -14,6 +14,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
@@ -49,7 +50,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	logs := logtest.Discard()
 	adm := &admission{
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
-		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait, maxDelay: 10 * time.Millisecond,
+		coalescer: coalesce.New(), quietWindow: coalesce.LeaderQuietWindow, followerWait: coalesce.FollowerWait, maxDelay: 10 * time.Millisecond,
 		guard: guard.New(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
 	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/watchgate/watchgate/internal/periodic"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -153,7 +154,7 @@ func NewServer(opts Options) (*Server, error) {
 	adm := &admission{
 		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
 		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
-		coalescer: newCoalescer(), quietWindow: leaderQuietWindow, followerWait: followerWait,
+		coalescer: coalesce.New(), quietWindow: coalesce.LeaderQuietWindow, followerWait: coalesce.FollowerWait,
 		guard: guard, opens: opens, warnings: warnings,
 	}
 	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, forwardedWatch)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -130,7 +131,7 @@ func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	release := make(chan struct{})
 	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond,
 		guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
-	before := metricstest.CounterValue(t, watchesCoalesced)
+	before := metricstest.CounterValue(t, coalesce.WatchesCoalesced)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(release)
@@ -145,7 +146,7 @@ func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	}
 	// The leader is open upstream; the followers (one when they took guard
 	// places first) wait.
-	waitFor(t, "followers", func() bool { return metricstest.CounterValue(t, watchesCoalesced) > before })
+	waitFor(t, "followers", func() bool { return metricstest.CounterValue(t, coalesce.WatchesCoalesced) > before })
 	time.Sleep(50 * time.Millisecond) // let any other follower reach the guard
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
 	if resp.StatusCode != http.StatusOK {

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 )
 
@@ -55,13 +56,13 @@ func BenchmarkWatchOpen(b *testing.B) {
 				_ = resp.Body.Close()
 			}
 			open() // the connection
-			held := metricstest.CounterValue(b, watchesCoalesced)
+			held := metricstest.CounterValue(b, coalesce.WatchesCoalesced)
 			b.ReportAllocs()
 			for b.Loop() {
 				open()
 			}
 			// Opens that waited for the previous open's verdict.
-			b.ReportMetric((metricstest.CounterValue(b, watchesCoalesced)-held)/float64(b.N), "held/op")
+			b.ReportMetric((metricstest.CounterValue(b, coalesce.WatchesCoalesced)-held)/float64(b.N), "held/op")
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
@@ -44,12 +45,12 @@ type watchState struct {
 	// verdict, when not nil, is the version this watch asks the
 	// API server about for its followers (coalescer); quietWindow is how
 	// long after a 200 without an ERROR event the version counts as valid.
-	verdict     *leader
+	verdict     *coalesce.Leader
 	quietWindow time.Duration
 	quiet       *time.Timer
 	// coalescer, when not nil, learns how long after its 200 a stale watch's
 	// ERROR 410 came (answeredAt), to size the quiet window.
-	coalescer  *coalescer
+	coalescer  *coalesce.Coalescer
 	answeredAt time.Time
 
 	stopped      atomic.Bool  // the proxy closed the watch (shutdown)
@@ -100,9 +101,9 @@ func (ws *watchState) UpstreamAnswered(resp *http.Response) {
 		// behind the headers; a quiet stream means the version is valid.
 		window := ws.quietWindow
 		if ws.coalescer != nil {
-			window = ws.coalescer.window(window)
+			window = ws.coalescer.Window(window)
 		}
-		ws.quiet = time.AfterFunc(window, ws.verdict.settle)
+		ws.quiet = time.AfterFunc(window, ws.verdict.Settle)
 	}
 }
 
@@ -173,7 +174,7 @@ func (ws *watchState) end() {
 // engine has learnt the version stale, upstream otherwise.
 func (ws *watchState) settleVerdict() {
 	if ws.verdict != nil {
-		ws.verdict.settle()
+		ws.verdict.Settle()
 	}
 }
 
@@ -181,7 +182,7 @@ func (ws *watchState) settleVerdict() {
 // any and not settled, without a verdict: one of them asks in its place.
 func (ws *watchState) handOverVerdict() {
 	if ws.verdict != nil {
-		ws.verdict.handOver()
+		ws.verdict.HandOver()
 	}
 }
 
@@ -210,7 +211,7 @@ func (ws *watchState) SawError(obj runtime.Object) {
 	ws.engine.StaleVersionSeen(now, ws.c.APIGroup, ws.c.Resource, rv)
 	staleVersionsLearned.Inc()
 	if ws.coalescer != nil && !ws.answeredAt.IsZero() {
-		ws.coalescer.observeStale(now.Sub(ws.answeredAt))
+		ws.coalescer.ObserveStale(now.Sub(ws.answeredAt))
 	}
 	ws.log.Info("Learned stale resourceVersion", "group", ws.c.APIGroup, "resource", ws.c.Resource,
 		"resourceVersion", sampledlog.Bounded(rv), "message", sampledlog.Bounded(status.Message))

@@ -1,111 +1,30 @@
-package proxy
+package coalesce
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
-	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
-
-// Concurrent watches from one version ask the API server once: when the
-// leader's stream says 410, the others get the local answer; when it
-// says the version is valid (an event, or a quiet 200), they all go
-// upstream.
-func TestFollowersWaitForTheLeadersVerdict(t *testing.T) {
-	for name, tc := range map[string]struct {
-		firstEvent    []byte // what the first upstream watch sends after its headers; nil: nothing
-		wantUpstream  int32
-		wantLocal410s int
-	}{
-		"stale: one upstream watch, every follower answered locally": {streamtest.JSONFrames()[2], 1, 4},
-		"valid by an event: all go upstream":                         {streamtest.JSONFrames()[0], 5, 0},
-		"valid by a quiet stream: all go upstream":                   {nil, 5, 0},
-	} {
-		t.Run(name, func(t *testing.T) {
-			engine := &fakeEngine{}
-			engine.decide = func(r *ratelimit.Request) ratelimit.Decision {
-				_, _, stale := engine.snapshot()
-				if len(stale) > 0 {
-					return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "b"}
-				}
-				return ratelimit.Decision{Allowed: true, Budget: "b"}
-			}
-			var upstream atomic.Int32
-			first := make(chan struct{})
-			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				n := upstream.Add(1)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(200)
-				w.(http.Flusher).Flush()
-				if n == 1 {
-					<-first // the followers are waiting by now
-					if tc.firstEvent != nil {
-						_, _ = w.Write(tc.firstEvent)
-						w.(http.Flusher).Flush()
-					} else {
-						time.Sleep(3 * leaderQuietWindow) // quiet, and open
-					}
-				}
-			}))
-			var wg sync.WaitGroup
-			bodies := make([]string, 5)
-			wg.Go(func() {
-				_, body := get(t, px, "alice", staleWatchURL)
-				bodies[0] = string(body)
-			})
-			deadline := time.Now().Add(5 * time.Second)
-			for upstream.Load() == 0 && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
-			for i := 1; i < 5; i++ {
-				wg.Go(func() {
-					_, body := get(t, px, "alice", staleWatchURL+"&timeoutSeconds=1")
-					bodies[i] = string(body)
-				})
-			}
-			// Whether the followers join before the verdict or come after it, the
-			// outcome is the same; the pause only makes the first case likely.
-			time.Sleep(50 * time.Millisecond)
-			close(first)
-			wg.Wait()
-			if got := upstream.Load(); got != tc.wantUpstream {
-				t.Errorf("%d upstream watches, want %d", got, tc.wantUpstream)
-			}
-			local := 0
-			for _, b := range bodies[1:] {
-				if strings.Contains(b, "answered by watchgate") {
-					local++
-				}
-			}
-			if local != tc.wantLocal410s {
-				t.Errorf("%d followers answered locally, want %d (bodies %q)", local, tc.wantLocal410s, bodies)
-			}
-		})
-	}
-}
 
 // The table of pending versions is bounded in count and bytes, and keyed
 // by the parsed version: "007" and "7" are one version.
 func TestCoalescerIsBoundedAndParsed(t *testing.T) {
-	p := newCoalescer()
-	k1, ok1 := coalescingKey(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
-	k2, ok2 := coalescingKey(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
+	p := New()
+	k1, ok1 := KeyOf(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: "007", Resource: "pods"})
+	k2, ok2 := KeyOf(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: "7", Resource: "pods"})
 	if !ok1 || !ok2 || k1 != k2 {
 		t.Fatalf("keys %v %v, want one key for 007 and 7", k1, k2)
 	}
 	for _, rv := range []string{"", "0", "x", "-1", "99999999999999999999999"} {
-		if _, ok := coalescingKey(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
+		if _, ok := KeyOf(&request.Classification{Verb: ratelimit.VerbWatch, ResourceVersion: rv, Resource: "pods"}); ok {
 			t.Errorf("version %q is held, want it passed", rv)
 		}
 	}
@@ -117,8 +36,8 @@ func TestCoalescerIsBoundedAndParsed(t *testing.T) {
 	if f, w := p.join(&follower{ctx: ctx}, k2); f != nil || w == nil {
 		t.Fatal("a follower must wait")
 	}
-	lead.settle()
-	lead.handOver()
+	lead.Settle()
+	lead.HandOver()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Fatalf("%d entries, %d bytes left after settle", p.len(), p.bytes)
 	}
@@ -144,13 +63,13 @@ func TestAWatchDoesNotFollowALeaderWhoseClientLeft(t *testing.T) {
 	if next == nil || wait != nil {
 		t.Fatalf("after the leader's client left: lead=%v wait=%v, want a new leader that does not wait", next, wait)
 	}
-	lead.handOver() // the old leader's handler unwinds late
+	lead.HandOver() // the old leader's handler unwinds late
 	twinCtx, twinLeaves := context.WithCancel(context.Background())
 	if _, w := p.join(&follower{ctx: twinCtx}, k); w != next {
 		t.Error("the old leader's abandon removed its successor")
 	}
 	twinLeaves() // so that next's abandon hands its place to nobody
-	next.handOver()
+	next.HandOver()
 	if p.len() != 0 || p.bytes != 0 {
 		t.Errorf("%d entries, %d bytes left", p.len(), p.bytes)
 	}
@@ -163,7 +82,7 @@ func TestAWatchDoesNotFollowALeaderWhoseClientLeft(t *testing.T) {
 // stops waiting after two leaders.
 func TestTheLongestWaitingFollowerLeadsNext(t *testing.T) {
 	p, k, lead, leave := leaderThatLeaves(t)
-	defer lead.handOver()
+	defer lead.HandOver()
 	followers := make([]<-chan held, 3)
 	for i := range followers {
 		followers[i] = coalesceJoined(t, p, k)
@@ -183,12 +102,12 @@ func TestTheLongestWaitingFollowerLeadsNext(t *testing.T) {
 	oldest := wantAsks(t, followers[0], "the longest-waiting follower")
 	wantWaits(t, followers[1], "the second follower")
 	wantWaits(t, followers[2], "the third follower")
-	oldest.handOver() // it learnt nothing either
+	oldest.HandOver() // it learnt nothing either
 	second := wantAsks(t, followers[1], "the second follower")
 	// The third has now waited for two leaders: the one it found and the
 	// oldest follower; it does not wait for a third.
 	wantGoesOnWithoutAsking(t, followers[2], "after two leaders, the third follower")
-	second.settle()
+	second.Settle()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if newcomer.on != nil || newcomer.lead != nil {
@@ -203,7 +122,7 @@ func TestTheLongestWaitingFollowerLeadsNext(t *testing.T) {
 // is not handed the leader's place, and it is not kept. Nor is one whose
 // client has left but that has not yet stepped out of the line.
 func TestAFollowerThatLeavesIsNotHandedThePlace(t *testing.T) {
-	p := newCoalescer()
+	p := New()
 	k := versionKey{resource: "pods", version: 7}
 	lead, _ := p.join(&follower{ctx: context.Background()}, k)
 	ctx, leave := context.WithCancel(context.Background())
@@ -223,7 +142,7 @@ func TestAFollowerThatLeavesIsNotHandedThePlace(t *testing.T) {
 	if h := <-timedOut; !h.ok || h.lead != nil {
 		t.Errorf("the follower whose wait ran out got lead=%v ok=%v, want to go on without asking", h.lead, h.ok)
 	}
-	lead.handOver()
+	lead.HandOver()
 	next := wantAsks(t, stays, "the follower that stayed")
 	p.mu.Lock()
 	if n := p.m[k].followers.n; n != 0 {
@@ -233,7 +152,7 @@ func TestAFollowerThatLeavesIsNotHandedThePlace(t *testing.T) {
 		t.Errorf("the follower whose client left was handed the place (%v) or kept waiting (%v)", notYetOut.lead, notYetOut.on)
 	}
 	p.mu.Unlock()
-	next.settle()
+	next.Settle()
 }
 
 // A follower that is already waiting asks in the leader's place as soon as the
@@ -241,7 +160,7 @@ func TestAFollowerThatLeavesIsNotHandedThePlace(t *testing.T) {
 // unwound; a second follower then waits for it, and goes on with its verdict.
 func TestAFollowerLeadsWhenTheLeadersClientLeaves(t *testing.T) {
 	p, k, lead, leave := leaderThatLeaves(t)
-	defer lead.handOver()
+	defer lead.HandOver()
 	hold := func() <-chan held { return coalesceInBackground(p, k) }
 	waiting := hold()
 	select {
@@ -265,15 +184,15 @@ func TestAFollowerLeadsWhenTheLeadersClientLeaves(t *testing.T) {
 		t.Fatal("a second follower went on while the new leader was asking")
 	case <-time.After(20 * time.Millisecond):
 	}
-	next.lead.settle()
+	next.lead.Settle()
 	wantGoesOnWithoutAsking(t, second, "after a verdict, the second follower")
 }
 
 // leaderThatLeaves returns a table holding a leader from pods at
 // version 7, whose client leaves when leave is called.
-func leaderThatLeaves(t *testing.T) (p *coalescer, k versionKey, lead *leader, leave context.CancelFunc) {
+func leaderThatLeaves(t *testing.T) (p *Coalescer, k versionKey, lead *Leader, leave context.CancelFunc) {
 	t.Helper()
-	p = newCoalescer()
+	p = New()
 	k = versionKey{resource: "pods", version: 7}
 	gone, leave := context.WithCancel(context.Background())
 	t.Cleanup(leave)
@@ -322,16 +241,16 @@ func TestFollowerLineKeepsTheOrder(t *testing.T) {
 }
 
 type held struct {
-	lead *leader
+	lead *Leader
 	ok   bool
 }
 
 // coalesceInBackground holds a watch from k with no client deadline and
 // sends what coalesce returned.
-func coalesceInBackground(p *coalescer, k versionKey) <-chan held {
+func coalesceInBackground(p *Coalescer, k versionKey) <-chan held {
 	c := make(chan held, 1)
 	go func() {
-		f, ok := p.coalesce(context.Background(), k, "alice", time.Hour)
+		f, ok := p.Coalesce(context.Background(), k, "alice", time.Hour)
 		c <- held{f, ok}
 	}()
 	return c
@@ -339,13 +258,13 @@ func coalesceInBackground(p *coalescer, k versionKey) <-chan held {
 
 // coalesceJoined holds a watch from k in the background and returns once it
 // waits among the followers.
-func coalesceJoined(t *testing.T, p *coalescer, k versionKey) <-chan held {
+func coalesceJoined(t *testing.T, p *Coalescer, k versionKey) <-chan held {
 	t.Helper()
 	return coalesceJoinedWith(t, p, k, context.Background(), time.Hour)
 }
 
 // coalesceJoinedWith is coalesceJoined for a client context and a longest wait.
-func coalesceJoinedWith(t *testing.T, p *coalescer, k versionKey, ctx context.Context, maxWait time.Duration) <-chan held {
+func coalesceJoinedWith(t *testing.T, p *Coalescer, k versionKey, ctx context.Context, maxWait time.Duration) <-chan held {
 	t.Helper()
 	waiting := func() int {
 		p.mu.Lock()
@@ -358,7 +277,7 @@ func coalesceJoinedWith(t *testing.T, p *coalescer, k versionKey, ctx context.Co
 	before := waiting()
 	c := make(chan held, 1)
 	go func() {
-		f, ok := p.coalesce(ctx, k, "alice", maxWait)
+		f, ok := p.Coalesce(ctx, k, "alice", maxWait)
 		c <- held{f, ok}
 	}()
 	deadline := time.Now().Add(5 * time.Second)
@@ -373,7 +292,7 @@ func coalesceJoinedWith(t *testing.T, p *coalescer, k versionKey, ctx context.Co
 
 // wantAsks fails unless the held watch went on, within 5s, as the leader
 // to ask, and returns what it carries.
-func wantAsks(t *testing.T, c <-chan held, who string) *leader {
+func wantAsks(t *testing.T, c <-chan held, who string) *Leader {
 	t.Helper()
 	select {
 	case h := <-c:
@@ -414,12 +333,12 @@ func wantGoesOnWithoutAsking(t *testing.T, c <-chan held, who string) {
 // A follower's wait is bounded in all, however many leaders learn nothing, and
 // ends when its own client leaves.
 func TestAFollowersWaitIsBounded(t *testing.T) {
-	p := newCoalescer()
+	p := New()
 	k := versionKey{resource: "pods", version: 7}
 	lead, _ := p.join(&follower{ctx: context.Background()}, k)
-	defer lead.handOver()
+	defer lead.HandOver()
 	start := time.Now()
-	if f, ok := p.coalesce(context.Background(), k, "alice", 30*time.Millisecond); f != nil || !ok {
+	if f, ok := p.Coalesce(context.Background(), k, "alice", 30*time.Millisecond); f != nil || !ok {
 		t.Errorf("after the longest wait: lead=%v ok=%v, want to go on without asking", f, ok)
 	}
 	if waited := time.Since(start); waited < 30*time.Millisecond {
@@ -427,14 +346,14 @@ func TestAFollowersWaitIsBounded(t *testing.T) {
 	}
 	ctx, leave := context.WithCancel(context.Background())
 	leave()
-	if _, ok := p.coalesce(ctx, k, "alice", time.Hour); ok {
+	if _, ok := p.Coalesce(ctx, k, "alice", time.Hour); ok {
 		t.Error("hold says go on for a client that left")
 	}
 }
 
 func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
-	p := newCoalescer()
-	floor := leaderQuietWindow
+	p := New()
+	floor := LeaderQuietWindow
 	steps := []struct {
 		observe time.Duration // 0: observe nothing
 		want    time.Duration
@@ -447,94 +366,11 @@ func TestQuietWindowGrowsWithTheSlowest410(t *testing.T) {
 	}
 	for i, s := range steps {
 		if s.observe > 0 {
-			p.observeStale(s.observe)
+			p.ObserveStale(s.observe)
 		}
-		if got := p.window(floor); got != s.want {
+		if got := p.Window(floor); got != s.want {
 			t.Errorf("step %d (observed %v): window %v, want %v", i, s.observe, got, s.want)
 		}
-	}
-}
-
-// When the leader from a stale version learns nothing (its client
-// left before the API server answered, the API server failed it), its
-// followers do not all go upstream: one of them asks in its place and the
-// others wait for that one's verdict.
-func TestFollowersOfALeaderThatLearntNothingAskOnce(t *testing.T) {
-	for name, firstAnswer := range map[string]func(w http.ResponseWriter, r *http.Request){
-		"its client left before the answer": func(w http.ResponseWriter, r *http.Request) {
-			<-r.Context().Done()
-		},
-		"the API server answered 503": func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			engine := &fakeEngine{}
-			engine.decide = func(r *ratelimit.Request) ratelimit.Decision {
-				if _, _, stale := engine.snapshot(); len(stale) > 0 {
-					return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "b"}
-				}
-				return ratelimit.Decision{Allowed: true, Budget: "b"}
-			}
-			var upstream atomic.Int32
-			answer := make(chan struct{})
-			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if upstream.Add(1) == 1 {
-					<-answer // the followers are waiting by now
-					firstAnswer(w, r)
-					return
-				}
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(200)
-				_, _ = w.Write(streamtest.JSONFrames()[2])
-			}))
-			ctx, leave := context.WithCancel(context.Background())
-			defer leave()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, px.URL+staleWatchURL, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Authorization", "Bearer alice")
-			firstDone := make(chan struct{})
-			go func() {
-				defer close(firstDone)
-				if resp, err := px.Client().Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}()
-			deadline := time.Now().Add(5 * time.Second)
-			for upstream.Load() == 0 && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
-			var wg sync.WaitGroup
-			bodies := make([]string, 4)
-			for i := range bodies {
-				wg.Go(func() {
-					_, body := get(t, px, "alice", staleWatchURL)
-					bodies[i] = string(body)
-				})
-			}
-			time.Sleep(50 * time.Millisecond) // let the followers join
-			if name == "its client left before the answer" {
-				leave()
-			}
-			close(answer)
-			wg.Wait()
-			<-firstDone
-			if got := upstream.Load(); got != 2 {
-				t.Errorf("%d upstream watches, want 2 (the leader and one follower in its place)", got)
-			}
-			local := 0
-			for _, b := range bodies {
-				if strings.Contains(b, "answered by watchgate") {
-					local++
-				}
-			}
-			if local != 3 {
-				t.Errorf("%d followers answered locally, want 3 (bodies %q)", local, bodies)
-			}
-		})
 	}
 }
 
@@ -543,18 +379,18 @@ func TestFollowersOfALeaderThatLearntNothingAskOnce(t *testing.T) {
 // follower and drops each as it becomes the leader holds the follower for two of
 // them, not for followerWait.
 func TestAFollowerWaitsForAtMostTwoLeaders(t *testing.T) {
-	p := newCoalescer()
+	p := New()
 	k := versionKey{resource: "pods", version: 7}
 	lead, _ := p.join(&follower{ctx: context.Background()}, k)
-	defer lead.handOver()
+	defer lead.HandOver()
 	callers := []<-chan held{coalesceJoined(t, p, k), coalesceJoined(t, p, k)}
 	waiting := coalesceJoined(t, p, k)
-	lead.handOver()
+	lead.HandOver()
 	second := wantAsks(t, callers[0], "the caller's first queued watch")
 	wantWaits(t, waiting, "the follower, while its second leader asks,")
-	second.handOver()
+	second.HandOver()
 	third := wantAsks(t, callers[1], "the caller's second queued watch")
-	defer third.handOver()
+	defer third.HandOver()
 	wantGoesOnWithoutAsking(t, waiting, "after two leaders left, the follower")
 }
 
@@ -563,14 +399,14 @@ func TestAFollowerWaitsForAtMostTwoLeaders(t *testing.T) {
 // another caller's still waits; a follower that stops waiting frees its
 // place.
 func TestFollowersAreBoundedPerCaller(t *testing.T) {
-	p := newCoalescer()
+	p := New()
 	k := versionKey{resource: "pods", version: 5}
 	ctx := context.Background()
 	lead, _ := p.join(&follower{ctx: ctx, caller: "alice"}, k)
 	if lead == nil {
 		t.Fatal("want a leader")
 	}
-	defer lead.settle()
+	defer lead.Settle()
 	for i := range maxFollowersPerCaller {
 		if _, w := p.join(&follower{ctx: ctx, caller: "alice"}, k); w == nil {
 			t.Fatalf("alice's follower %d does not wait", i)
@@ -613,7 +449,7 @@ func TestCoalescingHoldsOnlyWatchesFromVersion(t *testing.T) {
 		if c == nil {
 			t.Fatalf("%s: not classified", query)
 		}
-		if _, held := coalescingKey(c); held != want || c.FromVersion() != want {
+		if _, held := KeyOf(c); held != want || c.FromVersion() != want {
 			t.Errorf("%s: held for its twins %v, from version %v, want %v", query, held, c.FromVersion(), want)
 		}
 	}

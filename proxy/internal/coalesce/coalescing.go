@@ -1,4 +1,4 @@
-package proxy
+package coalesce
 
 import (
 	"context"
@@ -7,10 +7,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
 	"github.com/watchgate/watchgate/proxy/internal/request"
 )
 
-// Bounds of coalescer; see there.
+// Bounds of Coalescer; see there.
 const (
 	// maxCoalescedVersions caps the versions asked about at once.
 	maxCoalescedVersions = 4096
@@ -20,7 +23,7 @@ const (
 	coalescedVersionOverhead = 128
 	// followerWait is the longest a follower waits for its leader's
 	// verdict before it goes its own way.
-	followerWait = 5 * time.Second
+	FollowerWait = 5 * time.Second
 	// maxLeadersFollowed is how many leaders a follower waits for: the
 	// one it found and one that took its place by hand-over. Followers
 	// take a leader's place in the order they came, but a caller may have
@@ -34,16 +37,16 @@ const (
 	// under load) only after a round trip to etcd: a 410 that comes later
 	// than the window lets the followers through, one upstream WATCH each. So
 	// the window also grows to twice the slowest such gap seen so far
-	// (coalescer.window), at most maxLeaderQuietWindow.
+	// (Coalescer.window), at most maxLeaderQuietWindow.
 	// Followers of a valid version wait this long only while their stream is
 	// quiet: the first event ends the wait.
-	leaderQuietWindow    = 250 * time.Millisecond
+	LeaderQuietWindow    = 250 * time.Millisecond
 	maxLeaderQuietWindow = time.Second
 	// maxFollowers caps the followers waiting at once, and
 	// maxFollowersPerCaller those of one caller (authenticated identity):
-	// a caller at its bound, or any caller while the coalescer is full,
+	// a caller at its bound, or any caller while the Coalescer is full,
 	// goes on without waiting, as when the table is full, so that one
-	// caller's followers cannot fill the coalescer for the others. A
+	// caller's followers cannot fill the Coalescer for the others. A
 	// follower costs a fixed few hundred bytes besides its request, and
 	// each caller with followers one map entry that shares the caller's
 	// name with its requests.
@@ -59,14 +62,14 @@ type versionKey struct {
 	version         uint64
 }
 
-// coalescingKey returns the key of a watch from an explicit
+// KeyOf returns the key of a watch from an explicit
 // resourceVersion that the API server answers 410 when it is too old
 // (classification.fromVersion), or false for the others: versions that
 // are never too old ("" and "0"), versions the proxy cannot parse,
 // watch-lists and other watches with sendInitialEvents or
 // resourceVersionMatch, which are never answered locally and so are not
 // coalesced.
-func coalescingKey(c *request.Classification) (versionKey, bool) {
+func KeyOf(c *request.Classification) (versionKey, bool) {
 	if !c.FromVersion() {
 		return versionKey{}, false
 	}
@@ -77,7 +80,7 @@ func coalescingKey(c *request.Classification) (versionKey, bool) {
 	return versionKey{group: c.APIGroup, resource: c.Resource, version: v}, true
 }
 
-// coalescer is request coalescing with hand-over for watches from an
+// Coalescer is request coalescing with hand-over for watches from an
 // explicit resourceVersion: concurrent watches from one (group, resource,
 // version) ask the API server once. The first one is the leader: it goes
 // on and carries the version's leader entry. The followers, watches from
@@ -109,9 +112,9 @@ func coalescingKey(c *request.Classification) (versionKey, bool) {
 // maxFollowersPerCaller per caller: beyond, a watch goes on without
 // waiting. A follower holds no place of the replica's watch guard (it is
 // decided after its wait). It is safe for concurrent use.
-type coalescer struct {
+type Coalescer struct {
 	mu    sync.Mutex
-	m     map[versionKey]*leader
+	m     map[versionKey]*Leader
 	bytes int
 	// waiting counts the followers waiting per caller, waitingAll in
 	// all; p.mu guards them.
@@ -122,8 +125,8 @@ type coalescer struct {
 	slowestStale atomic.Int64
 }
 
-// observeStale records the gap between a watch's 200 and its ERROR 410.
-func (p *coalescer) observeStale(gap time.Duration) {
+// ObserveStale records the gap between a watch's 200 and its ERROR 410.
+func (p *Coalescer) ObserveStale(gap time.Duration) {
 	for {
 		old := p.slowestStale.Load()
 		if int64(gap) <= old || p.slowestStale.CompareAndSwap(old, int64(gap)) {
@@ -132,17 +135,17 @@ func (p *coalescer) observeStale(gap time.Duration) {
 	}
 }
 
-// window is how long a leader's quiet 200 must stay quiet before its
+// Window is how long a leader's quiet 200 must stay quiet before its
 // version counts as valid: twice the slowest 410 gap seen, within
 // [floor, maxLeaderQuietWindow].
-func (p *coalescer) window(floor time.Duration) time.Duration {
+func (p *Coalescer) Window(floor time.Duration) time.Duration {
 	return min(max(floor, 2*time.Duration(p.slowestStale.Load())), max(floor, maxLeaderQuietWindow))
 }
 
-// leader is one version asked about; settle or handOver releases
+// Leader is one version asked about; settle or handOver releases
 // its followers.
-type leader struct {
-	owner *coalescer
+type Leader struct {
+	owner *Coalescer
 	key   versionKey
 	// asker is the leader's request context: once it is done, the
 	// leader will not learn anything more.
@@ -161,15 +164,15 @@ type leader struct {
 type follower struct {
 	ctx context.Context
 	// caller is the authenticated caller of its request; placed is set
-	// while it counts among the coalescer's waiting followers.
+	// while it counts among the Coalescer's waiting followers.
 	caller string
 	placed bool
 	// on is the leader whose followers it is among; nil when it is
 	// not waiting.
-	on *leader
+	on *Leader
 	// lead is set when a leader that learnt nothing handed its place to
 	// this follower: the leader it now carries.
-	lead *leader
+	lead *Leader
 	// prev and next link it into on's followerLine.
 	prev, next *follower
 }
@@ -212,14 +215,14 @@ func (l *followerLine) remove(fw *follower) {
 	l.n--
 }
 
-func newCoalescer() *coalescer {
-	return &coalescer{m: map[versionKey]*leader{}, waiting: map[string]int{}}
+func New() *Coalescer {
+	return &Coalescer{m: map[versionKey]*Leader{}, waiting: map[string]int{}}
 }
 
 // placeLocked counts fw among the waiting followers, if its caller and the
-// coalescer are below their bounds; it reports whether fw may wait. p.mu
+// Coalescer are below their bounds; it reports whether fw may wait. p.mu
 // must be held.
-func (p *coalescer) placeLocked(fw *follower) bool {
+func (p *Coalescer) placeLocked(fw *follower) bool {
 	if fw.placed {
 		return true
 	}
@@ -233,7 +236,7 @@ func (p *coalescer) placeLocked(fw *follower) bool {
 }
 
 // unplace stops counting fw among the waiting followers.
-func (p *coalescer) unplace(fw *follower) {
+func (p *Coalescer) unplace(fw *follower) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !fw.placed {
@@ -256,14 +259,14 @@ func versionKeyBytes(k versionKey) int {
 // request context is fw.ctx) is the leader from k, or the one it now
 // waits for, among its followers, when another watch is asking; both nil when
 // the table is full.
-func (p *coalescer) join(fw *follower, k versionKey) (lead, wait *leader) {
+func (p *Coalescer) join(fw *follower, k versionKey) (lead, wait *Leader) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.joinLocked(fw, k)
 }
 
 // joinLocked is join; p.mu must be held.
-func (p *coalescer) joinLocked(fw *follower, k versionKey) (lead, wait *leader) {
+func (p *Coalescer) joinLocked(fw *follower, k versionKey) (lead, wait *Leader) {
 	if pv, ok := p.m[k]; ok && pv.asker.Err() != nil && !pv.resolved.Swap(true) {
 		// Its client left: its place goes to the follower that has waited
 		// longest, if any, and this watch waits for that one.
@@ -288,25 +291,25 @@ func (p *coalescer) joinLocked(fw *follower, k versionKey) (lead, wait *leader) 
 
 // addLocked puts a leader asked by the watch whose request context
 // is asker into the table, which must have room for it. p.mu must be held.
-func (p *coalescer) addLocked(asker context.Context, k versionKey) *leader {
-	pv := &leader{owner: p, key: k, asker: asker, done: make(chan struct{})}
+func (p *Coalescer) addLocked(asker context.Context, k versionKey) *Leader {
+	pv := &Leader{owner: p, key: k, asker: asker, done: make(chan struct{})}
 	p.m[k] = pv
 	p.bytes += versionKeyBytes(k)
 	return pv
 }
 
-// settle ends the wait of pv's followers with a verdict: the version is
+// Settle ends the wait of pv's followers with a verdict: the version is
 // valid, or the engine has learnt it stale. Only the first settle or
-// handOver does anything (the leader settles on every event of its
+// HandOver does anything (the leader settles on every event of its
 // stream, so later calls must not take the table's lock).
-func (pv *leader) settle() { pv.resolve(true) }
+func (pv *Leader) Settle() { pv.resolve(true) }
 
-// handOver ends pv's wait without a verdict: the follower that has waited
+// HandOver ends pv's wait without a verdict: the follower that has waited
 // longest asks in its place, the others wait for it. After settle, it
 // does nothing.
-func (pv *leader) handOver() { pv.resolve(false) }
+func (pv *Leader) HandOver() { pv.resolve(false) }
 
-func (pv *leader) resolve(settled bool) {
+func (pv *Leader) resolve(settled bool) {
 	if pv.resolved.Swap(true) {
 		return
 	}
@@ -321,7 +324,7 @@ func (pv *leader) resolve(settled bool) {
 // is still there becomes the leader of a successor, and the others whose
 // clients are there wait for it. The caller has set pv.resolved; p.mu must
 // be held.
-func (p *coalescer) resolveLocked(pv *leader, settled bool) {
+func (p *Coalescer) resolveLocked(pv *Leader, settled bool) {
 	if p.m[pv.key] == pv {
 		delete(p.m, pv.key)
 		p.bytes -= versionKeyBytes(pv.key)
@@ -329,7 +332,7 @@ func (p *coalescer) resolveLocked(pv *leader, settled bool) {
 	if settled {
 		pv.settled.Store(true)
 	}
-	var next *leader
+	var next *Leader
 	for fw := pv.followers.head; fw != nil; {
 		after := fw.next
 		fw.on, fw.prev, fw.next = nil, nil, nil
@@ -349,7 +352,7 @@ func (p *coalescer) resolveLocked(pv *leader, settled bool) {
 }
 
 // leaveLocked takes fw out of the followers it waits among. p.mu must be held.
-func (p *coalescer) leaveLocked(fw *follower) {
+func (p *Coalescer) leaveLocked(fw *follower) {
 	if pv := fw.on; pv != nil {
 		pv.followers.remove(fw)
 		fw.on = nil
@@ -357,13 +360,13 @@ func (p *coalescer) leaveLocked(fw *follower) {
 }
 
 // len is the number of versions asked about.
-func (p *coalescer) len() int {
+func (p *Coalescer) len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.m)
 }
 
-// coalesce is what a watch from k (whose request context is ctx, whose
+// Coalesce is what a watch from k (whose request context is ctx, whose
 // caller is caller) does before it is decided: it returns the leader to
 // carry when this watch is the leader, nil when it need not ask (the
 // leader settled the verdict, the table or the caller's followers are
@@ -371,14 +374,14 @@ func (p *coalescer) len() int {
 // while it waited. A follower asks in the place of a leader that learnt
 // nothing when it has waited longest, or waits for whoever does: for
 // maxLeadersFollowed leaders at most.
-func (p *coalescer) coalesce(ctx context.Context, k versionKey, caller string, maxWait time.Duration) (lead *leader, ok bool) {
+func (p *Coalescer) Coalesce(ctx context.Context, k versionKey, caller string, maxWait time.Duration) (lead *Leader, ok bool) {
 	fw := &follower{ctx: ctx, caller: caller}
 	lead, wait := p.join(fw, k)
 	if wait == nil {
 		return lead, true
 	}
 	defer p.unplace(fw)
-	watchesCoalesced.Inc()
+	WatchesCoalesced.Inc()
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
 	leaders := 1
@@ -394,7 +397,7 @@ func (p *coalescer) coalesce(ctx context.Context, k versionKey, caller string, m
 			// previous one, so the previous one is often still open when
 			// the next joins). If another goroutine is resolving it, that
 			// only waits for the table's lock.
-			wait.handOver()
+			wait.HandOver()
 			<-wait.done
 		case <-t.C:
 			timedOut = true
@@ -408,7 +411,7 @@ func (p *coalescer) coalesce(ctx context.Context, k versionKey, caller string, m
 			lead := fw.lead
 			p.mu.Unlock()
 			if clientLeft {
-				lead.handOver()
+				lead.HandOver()
 				return nil, false
 			}
 			return lead, true
@@ -451,3 +454,10 @@ func (p *coalescer) coalesce(ctx context.Context, k versionKey, caller string, m
 		p.mu.Unlock()
 	}
 }
+
+var WatchesCoalesced = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "watchgate_proxy_watches_coalesced_total",
+	Help: "Followers: watch opens held back while their leader, another watch from the same resourceVersion, asked the API server whether it is too old.",
+})
+
+func init() { metrics.Registry.MustRegister(WatchesCoalesced) }
