@@ -239,7 +239,13 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	ctx, cancel := context.WithCancel(r.Context())
 	ws := &watchState{
 		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: *d, started: start,
-		clientCtx: r.Context(), cancel: cancel, verdict: lead, quietWindow: a.quietWindow, coalescer: a.coalescer,
+		clientCtx: r.Context(), cancel: cancel, quietWindow: a.quietWindow,
+	}
+	if lead != nil {
+		ws.verdict = lead
+	}
+	if a.coalescer != nil {
+		ws.coalescer = a.coalescer
 	}
 	added := false
 	end := func() {

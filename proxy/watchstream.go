@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
 
-	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
@@ -45,12 +44,12 @@ type watchState struct {
 	// verdict, when not nil, is the version this watch asks the
 	// API server about for its followers (coalescer); quietWindow is how
 	// long after a 200 without an ERROR event the version counts as valid.
-	verdict     *coalesce.Leader
+	verdict     versionVerdict
 	quietWindow time.Duration
 	quiet       *time.Timer
 	// coalescer, when not nil, learns how long after its 200 a stale watch's
 	// ERROR 410 came (answeredAt), to size the quiet window.
-	coalescer  *coalesce.Coalescer
+	coalescer  quietWindows
 	answeredAt time.Time
 
 	stopped      atomic.Bool  // the proxy closed the watch (shutdown)
@@ -60,6 +59,24 @@ type watchState struct {
 
 	body    *watchBody // set when a 200 stream starts
 	endOnce sync.Once
+}
+
+// versionVerdict is the leader of the watches from one resourceVersion
+// (coalesce.Leader) that a watch asks the API server for.
+type versionVerdict interface {
+	// Settle releases the followers with the verdict the engine has
+	// learnt.
+	Settle()
+	// HandOver releases them without one: one of them asks in its place.
+	HandOver()
+}
+
+// quietWindows sizes how long a quiet 200 takes to count as a valid
+// version, from how late stale versions' ERROR 410 events came
+// (coalesce.Coalescer).
+type quietWindows interface {
+	Window(floor time.Duration) time.Duration
+	ObserveStale(gap time.Duration)
 }
 
 // stop ends the watch cleanly from the client's point of view: the stream
