@@ -18,12 +18,13 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-func decided(d ratelimit.Decision) *fakeEngine {
-	return &fakeEngine{decide: func(*ratelimit.Request) ratelimit.Decision { return d }}
+func decided(d ratelimit.Decision) *enginetest.Engine {
+	return &enginetest.Engine{DecideFunc: func(*ratelimit.Request) ratelimit.Decision { return d }}
 }
 
 func TestAdmissionAnswers(t *testing.T) {
@@ -87,7 +88,7 @@ func TestAdmissionAnswers(t *testing.T) {
 					t.Errorf("429: Retry-After %q, body %s; want %s seconds in both", resp.Header.Get("Retry-After"), body, wantSecs)
 				}
 			}
-			reqs, _, _ := engine.snapshot()
+			reqs, _, _ := engine.Snapshot()
 			if len(reqs) != 1 || reqs[0].User != "alice" || reqs[0].Resource != "configmaps" {
 				t.Errorf("engine asked %+v, want one request of alice for configmaps", reqs)
 			}
@@ -96,14 +97,14 @@ func TestAdmissionAnswers(t *testing.T) {
 }
 
 func TestRequestsOutsideBudgetsAreNotDecided(t *testing.T) {
-	engine := &fakeEngine{}
+	engine := &enginetest.Engine{}
 	px := newTestProxy(t, engine, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	for _, path := range []string{"/api/v1/namespaces/ns/pods/p", "/version", "/api/v1/namespaces/ns/pods/p/log"} {
 		if resp, _ := get(t, px, "alice", path); resp.StatusCode != 200 || resp.Header.Get(answer.DecisionHeader) != "" {
 			t.Errorf("%s: HTTP %d, header %q", path, resp.StatusCode, resp.Header.Get(answer.DecisionHeader))
 		}
 	}
-	if reqs, _, _ := engine.snapshot(); len(reqs) != 0 {
+	if reqs, _, _ := engine.Snapshot(); len(reqs) != 0 {
 		t.Errorf("engine asked about %+v", reqs)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -30,9 +31,9 @@ func TestFollowersWaitForTheLeadersVerdict(t *testing.T) {
 		"valid by a quiet stream: all go upstream":                   {nil, 5, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
-			engine := &fakeEngine{}
-			engine.decide = func(r *ratelimit.Request) ratelimit.Decision {
-				_, _, stale := engine.snapshot()
+			engine := &enginetest.Engine{}
+			engine.DecideFunc = func(r *ratelimit.Request) ratelimit.Decision {
+				_, _, stale := engine.Snapshot()
 				if len(stale) > 0 {
 					return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "b"}
 				}
@@ -106,9 +107,9 @@ func TestFollowersOfALeaderThatLearntNothingAskOnce(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			engine := &fakeEngine{}
-			engine.decide = func(r *ratelimit.Request) ratelimit.Decision {
-				if _, _, stale := engine.snapshot(); len(stale) > 0 {
+			engine := &enginetest.Engine{}
+			engine.DecideFunc = func(r *ratelimit.Request) ratelimit.Decision {
+				if _, _, stale := engine.Snapshot(); len(stale) > 0 {
 					return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "b"}
 				}
 				return ratelimit.Decision{Allowed: true, Budget: "b"}

@@ -3,12 +3,14 @@ package proxy
 import (
 	"net/http"
 	"testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 )
 
 // Impersonation headers that kube-apiserver refuses with 400 are refused
 // with 400 by the proxy too, instead of being charged to the caller.
 func TestImpersonationWithoutUserIs400(t *testing.T) {
-	px := newTestProxy(t, &fakeEngine{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	px := newTestProxy(t, &enginetest.Engine{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	for _, hs := range [][]string{
 		{"Impersonate-Group", "dev"},
 		{"Impersonate-Uid", "1234"},

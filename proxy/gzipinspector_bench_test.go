@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"testing"
 	"time"
+
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 )
 
 // BenchmarkGzipWatchThroughProxy serves a 3,000-event JSON watch-list as
@@ -62,7 +64,7 @@ func BenchmarkGzipWatchThroughProxy(b *testing.B) {
 	for _, l := range lines {
 		plainSize += len(l)
 	}
-	watchgate := newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL
+	watchgate := newTestProxyTo(b, &enginetest.Engine{}, upstreamConfig(upstream.URL)).URL
 	for _, via := range []struct {
 		name    string
 		url     string

@@ -5,8 +5,6 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,60 +20,6 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 	"github.com/watchgate/watchgate/ratelimit"
 )
-
-// fakeEngine decides with decide (allow everything when nil) and records
-// what the proxy told it.
-type fakeEngine struct {
-	decide func(*ratelimit.Request) ratelimit.Decision
-
-	mu       sync.Mutex
-	requests []ratelimit.Request
-	ended    []ratelimit.Outcome
-	stale    []string // "group/resource@rv"
-}
-
-func (e *fakeEngine) Decide(_ time.Time, r *ratelimit.Request) ratelimit.Decision {
-	e.mu.Lock()
-	e.requests = append(e.requests, *r)
-	e.mu.Unlock()
-	if e.decide == nil {
-		return ratelimit.Decision{Allowed: true}
-	}
-	return e.decide(r)
-}
-
-func (e *fakeEngine) WatchEnded(_ time.Time, _ ratelimit.Watch, _ time.Duration, o ratelimit.Outcome) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.ended = append(e.ended, o)
-}
-
-func (e *fakeEngine) StaleVersionSeen(_ time.Time, group, resource, rv string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.stale = append(e.stale, group+"/"+resource+"@"+rv)
-}
-
-func (e *fakeEngine) Sweep(time.Time) int { return 0 }
-
-func (e *fakeEngine) snapshot() (requests []ratelimit.Request, ended []ratelimit.Outcome, stale []string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return slices.Clone(e.requests), slices.Clone(e.ended), slices.Clone(e.stale)
-}
-
-// waitEnded waits (at most 5s) until n watches ended and returns their outcomes.
-func (e *fakeEngine) waitEnded(t *testing.T, n int) []ratelimit.Outcome {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, ended, _ := e.snapshot()
-		if len(ended) >= n || time.Now().After(deadline) {
-			return ended
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // newTestProxy serves the whole chain, with testTokens and
 // testImpersonation, in front of upstream (a plain HTTP server).

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
@@ -103,7 +104,7 @@ func benchPaths(b *testing.B, upstream *httptest.Server) []benchPath {
 		name    string
 		handler http.Handler
 		serve   func(*http.Server, http.Handler) error
-	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamtest.Trusting(upstream)).Config.Handler, serveHTTP2}} {
+	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &enginetest.Engine{}, upstreamtest.Trusting(upstream)).Config.Handler, serveHTTP2}} {
 		srv := httptest.NewUnstartedServer(p.handler)
 		srv.EnableHTTP2 = true
 		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}

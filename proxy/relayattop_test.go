@@ -15,6 +15,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
@@ -46,7 +47,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	engine := &fakeEngine{}
+	engine := &enginetest.Engine{}
 	logs := logtest.Discard()
 	adm := &admission{
 		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
@@ -78,7 +79,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the upstream watch is still open")
 	}
-	if got := engine.waitEnded(t, 1); len(got) != 1 || got[0] != ratelimit.OutcomeClosed {
+	if got := engine.WaitEnded(t, 1); len(got) != 1 || got[0] != ratelimit.OutcomeClosed {
 		t.Fatalf("engine heard of ends %v, want one closed watch", got)
 	}
 	if reason, _ := adm.guard.Admit(time.Now(), "alice"); reason != "" {

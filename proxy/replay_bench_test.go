@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
@@ -30,7 +31,7 @@ func BenchmarkWatchReplayThroughProxy(b *testing.B) {
 	up.Config.ErrorLog = log.New(io.Discard, "", 0)
 	up.StartTLS()
 	b.Cleanup(up.Close)
-	px := newTestProxyTo(b, &fakeEngine{}, upstreamtest.Trusting(up))
+	px := newTestProxyTo(b, &enginetest.Engine{}, upstreamtest.Trusting(up))
 	client := &http.Client{}
 	cpu0 := cpuTime()
 	for b.Loop() {

@@ -13,6 +13,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/cert"
+
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -25,7 +27,7 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
 	}
-	if err := (&Options{Upstream: &rest.Config{Host: "https://x"}, Engine: &fakeEngine{}}).Validate(); err != nil {
+	if err := (&Options{Upstream: &rest.Config{Host: "https://x"}, Engine: &enginetest.Engine{}}).Validate(); err != nil {
 		t.Errorf("minimal options rejected: %v", err)
 	}
 }
@@ -34,7 +36,7 @@ func TestOptionsValidate(t *testing.T) {
 // in the order of their names, not in a map's random order.
 func TestOptionsValidateIsInNameOrder(t *testing.T) {
 	o := &Options{
-		Upstream: &rest.Config{Host: "https://x"}, Engine: &fakeEngine{},
+		Upstream: &rest.Config{Host: "https://x"}, Engine: &enginetest.Engine{},
 		SweepInterval: -1, ReadHeaderTimeout: -1, MaxRejectDelay: -1, ShutdownGracePeriod: -1,
 		TokenCacheSize: -1, MaxWatches: -1, ReviewBurst: -1,
 		ReviewsPerSecond: -1, ImpersonationReviewsPerCallerPerSecond: -1,
@@ -71,7 +73,7 @@ func TestServerLifecycle(t *testing.T) {
 	}))
 	upstream.Username, upstream.Password = "", ""
 	srv, err := NewServer(Options{
-		BindAddress: "127.0.0.1:0", Upstream: upstream, Engine: &fakeEngine{},
+		BindAddress: "127.0.0.1:0", Upstream: upstream, Engine: &enginetest.Engine{},
 		MaxHeaderBytes: 4 << 10, ShutdownDrainDelay: 200 * time.Millisecond, ShutdownGracePeriod: 10 * time.Millisecond,
 	})
 	if err != nil {

@@ -8,11 +8,13 @@ import (
 
 	"github.com/go-logr/logr"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 )
 
 // sweepingEngine reports each Sweep's instant.
 type sweepingEngine struct {
-	fakeEngine
+	enginetest.Engine
 	swept chan time.Time
 }
 

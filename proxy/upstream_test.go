@@ -15,6 +15,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/cert"
+
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 )
 
 // tlsUpstream is an HTTPS upstream that offers HTTP/2, asks for (but does
@@ -57,7 +59,7 @@ func TestForwardingCarriesOnlyTheCallersCredentials(t *testing.T) {
 		defer mu.Unlock()
 		got = append(got, seen{r.Header.Clone(), len(r.TLS.PeerCertificates), r.Proto})
 	}))
-	px := newTestProxyTo(t, &fakeEngine{}, cfg)
+	px := newTestProxyTo(t, &enginetest.Engine{}, cfg)
 	resp, _ := get(t, px, "agent", "/api/v1/namespaces/ns/configmaps?watch=true",
 		"Impersonate-User", "bob", "X-Forwarded-For", "10.0.0.1", "X-Custom", "kept", "Connection", "X-Hop", "X-Hop", "dropped")
 	if resp.StatusCode != 200 || len(got) != 1 {
@@ -113,7 +115,7 @@ func TestUpgradesPassThrough(t *testing.T) {
 				_, _ = rw.WriteString("echo " + line)
 				_ = rw.Flush()
 			}))
-			engine := &fakeEngine{}
+			engine := &enginetest.Engine{}
 			px := newTestProxyTo(t, engine, cfg)
 
 			conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL, "http://"))
@@ -138,10 +140,10 @@ func TestUpgradesPassThrough(t *testing.T) {
 				t.Fatalf("relayed %q, %v; want \"echo hello\\n\"", line, err)
 			}
 			conn.Close()
-			if got := engine.waitEnded(t, tc.wantEnded); len(got) != tc.wantEnded {
+			if got := engine.WaitEnded(t, tc.wantEnded); len(got) != tc.wantEnded {
 				t.Errorf("the engine heard of %d ended watches, want %d", len(got), tc.wantEnded)
 			}
-			if requests, _, _ := engine.snapshot(); len(requests) != tc.wantEnded {
+			if requests, _, _ := engine.Snapshot(); len(requests) != tc.wantEnded {
 				t.Errorf("the engine decided %d requests, want %d", len(requests), tc.wantEnded)
 			}
 		})

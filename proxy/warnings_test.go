@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -158,7 +159,7 @@ func TestWarningText(t *testing.T) {
 // repeated on the next admitted request.
 func TestWarningsReachTheClient(t *testing.T) {
 	var decision atomic.Pointer[ratelimit.Decision]
-	engine := &fakeEngine{decide: func(*ratelimit.Request) ratelimit.Decision { return *decision.Load() }}
+	engine := &enginetest.Engine{DecideFunc: func(*ratelimit.Request) ratelimit.Decision { return *decision.Load() }}
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{},"items":[]}`)
@@ -226,7 +227,7 @@ func TestGuardRefusalsWarnTheClient(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	g := guard.New(2, 1, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
-	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 10 * time.Millisecond, guard: g, warnings: newWarningLimiter(time.Hour, 100)},
+	px := newTestAdmission(t, &admission{engine: &enginetest.Engine{}, maxDelay: 10 * time.Millisecond, guard: g, warnings: newWarningLimiter(time.Hour, 100)},
 		guardedUpstream(t, release))
 	watch := func(token string) (int, []string) {
 		t.Helper()

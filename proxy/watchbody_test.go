@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
@@ -37,7 +38,7 @@ func (z zeroes) Read(p []byte) (int, error) {
 // returns the bytes allocated meanwhile (all of them, collected or not:
 // an upper bound of the heap the copy needed) and the bytes copied.
 func peakHeapWhileCopying(t *testing.T, contentType string, src io.Reader) (uint64, int64) {
-	engine := &fakeEngine{}
+	engine := &enginetest.Engine{}
 	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
 	b := newWatchBody(ws, io.NopCloser(src), contentType, "")
 	buf := make([]byte, 32<<10)
@@ -117,7 +118,7 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 	}
 
 	// Through a watchBody: bytes unchanged, one end.
-	engine := &fakeEngine{}
+	engine := &enginetest.Engine{}
 	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "7"}, log: logtest.Discard(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(bytes.NewReader(data)), contentType, "")
@@ -134,12 +135,12 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 	}
 	ws.end()
 	ws.end()
-	if _, ended, _ := engine.snapshot(); len(ended) != 1 {
+	if _, ended, _ := engine.Snapshot(); len(ended) != 1 {
 		t.Fatalf("WatchEnded called %d times, want 1", len(ended))
 	}
 	if wantOutcome := ratelimit.OutcomeClosed; len(sink.errors) > 0 {
 		wantOutcome = ratelimit.OutcomeError
-		if _, ended, _ := engine.snapshot(); ended[0] != wantOutcome {
+		if _, ended, _ := engine.Snapshot(); ended[0] != wantOutcome {
 			t.Fatalf("outcome %v after ERROR events, want %v", ended[0], wantOutcome)
 		}
 	}
@@ -173,7 +174,7 @@ func TestGzipWatchStreamLearnsStaleVersions(t *testing.T) {
 			for i, f := range tc.frames {
 				members[i] = streamtest.GzipMembers(t, [][]byte{f})
 			}
-			engine := &fakeEngine{}
+			engine := &enginetest.Engine{}
 			proceed := make(chan struct{})
 			px := newTestProxy(t, engine, gzipUpstream(t, tc.contentType, members, proceed))
 			// The client reads the encoded bytes as they come (no
@@ -206,8 +207,8 @@ func TestGzipWatchStreamLearnsStaleVersions(t *testing.T) {
 			if want := bytes.Join(members, nil); !bytes.Equal(append(got, rest...), want) {
 				t.Errorf("client got %d bytes, want the upstream's %d bytes unchanged", len(got)+len(rest), len(want))
 			}
-			ended := engine.waitEnded(t, 1)
-			_, _, stale := engine.snapshot()
+			ended := engine.WaitEnded(t, 1)
+			_, _, stale := engine.Snapshot()
 			if !slices.Equal(stale, []string{"/configmaps@42"}) || !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeError}) {
 				t.Errorf("stale %v, ended %v; want [/configmaps@42], [error]", stale, ended)
 			}
@@ -264,7 +265,7 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "42"},
+			ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "42"},
 				log: logtest.Discard(), clientCtx: ctx, cancel: cancel}
 			src := &streamtest.ChunkedReader{Reads: slices.Clone(reads), End: tc.end, Last: tc.last}
 			b := newWatchBody(ws, io.NopCloser(src), streamtest.JSONWatchType, "gzip")
@@ -298,7 +299,7 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 // ends (the client left mid-watch), and its bytes go back to the budget.
 func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 	reads := streamtest.MemberReads(t, streamtest.JSONFrames()[:1], streamtest.JSONFrames()[1:2], streamtest.JSONFrames()[1:2])
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
+	ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(&streamtest.ChunkedReader{Reads: append(slices.Clone(reads), nil)}), streamtest.JSONWatchType, "gzip")
 	budget := inspect.NewSharedBytes(1<<20, 1<<20)
@@ -326,7 +327,7 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 // to.
 func TestGzipWatchHoldsOnItsCallersShare(t *testing.T) {
 	ctx := callertest.WithCaller(t.Context(), &user.DefaultInfo{Name: "mallory"})
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
+	ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: ctx, cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, "gzip")
 	if b.inflate == nil || b.inflate.ChargedTo() != "mallory" {

@@ -20,6 +20,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -95,7 +96,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // place of the replica's guard: another caller's first watch gets in. (It
 // got 429 MaxWatches when the guard came before the budget.)
 func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
-	engine := &fakeEngine{decide: func(r *ratelimit.Request) ratelimit.Decision {
+	engine := &enginetest.Engine{DecideFunc: func(r *ratelimit.Request) ratelimit.Decision {
 		if r.User == callertest.Alice.Name {
 			return ratelimit.Decision{Reason: ratelimit.ReasonTooManyWatches, RetryAfter: 2 * time.Second, Budget: "tenants"}
 		}
@@ -116,7 +117,7 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, "alice's watches to be waiting", func() bool { reqs, _, _ := engine.snapshot(); return len(reqs) >= 2 })
+	waitFor(t, "alice's watches to be waiting", func() bool { reqs, _, _ := engine.Snapshot(); return len(reqs) >= 2 })
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true")
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the agent's watch while alice's rejected watches wait: HTTP %d %s (%s), want 200",
@@ -129,7 +130,7 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 // the leader, which is forwarded, does.
 func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	release := make(chan struct{})
-	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond,
+	px := newTestAdmission(t, &admission{engine: &enginetest.Engine{}, maxDelay: 50 * time.Millisecond,
 		guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
 	before := metricstest.CounterValue(t, coalesce.WatchesCoalesced)
 	var wg sync.WaitGroup
@@ -166,7 +167,7 @@ func TestWatchGuardAnswers(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Now())
 	release := make(chan struct{})
 	defer close(release)
-	engine := &fakeEngine{}
+	engine := &enginetest.Engine{}
 	g := guard.New(4, 2, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
 	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
 	check := func(token, path string, code int, reason metav1.StatusReason, header, message string) {
@@ -204,7 +205,7 @@ func TestWatchGuardAnswers(t *testing.T) {
 		"reject; reason=MemoryHighWater; retry-after=5", "90 of 100 MiB")
 	// Every refused watch gave back the slot its budget gave it, without
 	// counting as a failed watch.
-	_, ended, _ := engine.snapshot()
+	_, ended, _ := engine.Snapshot()
 	if len(ended) != 3 {
 		t.Fatalf("%d watches ended, want the 3 refused", len(ended))
 	}
@@ -224,7 +225,7 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 	var inUse atomic.Uint64
 	inUse.Store(10 * mib)
 	g := guard.New(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
-	px := newTestAdmission(t, &admission{engine: &fakeEngine{}, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
+	px := newTestAdmission(t, &admission{engine: &enginetest.Engine{}, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
 	holdPath(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
 	waitFor(t, "alice's watch", func() bool { return g.OpenCount() == 1 })
 	inUse.Store(80 * mib) // above 90% of the 85% mark
@@ -245,7 +246,7 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 // user are charged to it; watches answered locally are not charged; a
 // refused watch gives back its guard place and its budget slot.
 func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
-	engine := &fakeEngine{decide: func(r *ratelimit.Request) ratelimit.Decision {
+	engine := &enginetest.Engine{DecideFunc: func(r *ratelimit.Request) ratelimit.Decision {
 		if r.ResourceVersion == "1" {
 			return ratelimit.Decision{Reason: ratelimit.ReasonStaleResourceVersion, Budget: "tenants"}
 		}
@@ -293,7 +294,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 		t.Errorf("alice's first watch while the agent's bucket is empty: HTTP %d %q %s, want 200", resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 	}
 	waitFor(t, "every guard place back", func() bool { return g.OpenCount() == 0 })
-	_, ended, _ := engine.snapshot()
+	_, ended, _ := engine.Snapshot()
 	if n := countOutcome(ended, ratelimit.OutcomeNotForwarded); n != 1 {
 		t.Errorf("%d watches ended not forwarded, want the refused one", n)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkWatchOpen(b *testing.B) {
 	for _, via := range []struct {
 		name    string
 		handler http.Handler
-	}{{"bare", bare}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).Config.Handler}} {
+	}{{"bare", bare}, {"watchgate", newTestProxyTo(b, &enginetest.Engine{}, upstreamConfig(upstream.URL)).Config.Handler}} {
 		b.Run(via.name, func(b *testing.B) {
 			px := httptest.NewUnstartedServer(via.handler)
 			px.EnableHTTP2 = true

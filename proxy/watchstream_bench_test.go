@@ -24,6 +24,7 @@ import (
 	restclientwatch "k8s.io/client-go/rest/watch"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
@@ -78,7 +79,7 @@ func benchProtobufEvents(tb testing.TB, n int) []byte {
 func BenchmarkWatchBodyRead(b *testing.B) {
 	streams := map[string][]byte{streamtest.JSONWatchType: benchEvents(3000), streamtest.ProtobufWatchType: benchProtobufEvents(b, 3000)}
 	buf := make([]byte, 32<<10)
-	ws := &watchState{engine: &fakeEngine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
+	ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
 	for _, mode := range []string{"plain", "inspected", "fullDecode", "protobuf/plain", "protobuf/inspected"} {
 		b.Run(mode, func(b *testing.B) {
 			contentType := streamtest.JSONWatchType
@@ -155,8 +156,8 @@ func BenchmarkWatchThroughProxy(b *testing.B) {
 		url  string
 	}{
 		{"bare", bare.URL},
-		{"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL},
-		{"watchgate-h2", newTestProxyTo(b, &fakeEngine{}, upstreamtest.Trusting(upstreamH2)).URL},
+		{"watchgate", newTestProxyTo(b, &enginetest.Engine{}, upstreamConfig(upstream.URL)).URL},
+		{"watchgate-h2", newTestProxyTo(b, &enginetest.Engine{}, upstreamtest.Trusting(upstreamH2)).URL},
 	} {
 		b.Run(via.name, func(b *testing.B) {
 			client := &http.Client{}
@@ -219,7 +220,7 @@ func BenchmarkIdleWatchMemory(b *testing.B) {
 	for _, via := range []struct {
 		name string
 		url  string
-	}{{"bare", bare.URL}, {"watchgate", newTestProxyTo(b, &fakeEngine{}, upstreamConfig(upstream.URL)).URL}} {
+	}{{"bare", bare.URL}, {"watchgate", newTestProxyTo(b, &enginetest.Engine{}, upstreamConfig(upstream.URL)).URL}} {
 		b.Run(via.name, func(b *testing.B) {
 			for b.Loop() {
 				client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: watches}}

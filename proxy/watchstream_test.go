@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -54,7 +55,7 @@ func TestWatchStreamLearnsStaleVersions(t *testing.T) {
 		"protobuf": {"application/vnd.kubernetes.protobuf;stream=watch", streamtest.ProtobufFrames(t)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			engine := &fakeEngine{}
+			engine := &enginetest.Engine{}
 			proceed := make(chan struct{})
 			px := newTestProxy(t, engine, streamingUpstream(t, tc.contentType, tc.frames, proceed))
 			req, _ := http.NewRequest(http.MethodGet, px.URL+staleWatchURL, nil)
@@ -79,8 +80,8 @@ func TestWatchStreamLearnsStaleVersions(t *testing.T) {
 			if want := bytes.Join(tc.frames, nil); !bytes.Equal(append(got, rest...), want) {
 				t.Errorf("client got %q, want the upstream's bytes %q", append(got, rest...), want)
 			}
-			ended := engine.waitEnded(t, 1)
-			_, _, stale := engine.snapshot()
+			ended := engine.WaitEnded(t, 1)
+			_, _, stale := engine.Snapshot()
 			if !slices.Equal(stale, []string{"/configmaps@42"}) || !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeError}) {
 				t.Errorf("stale %v, ended %v; want [/configmaps@42], [error]", stale, ended)
 			}
@@ -95,19 +96,19 @@ func TestWatchEnds(t *testing.T) {
 		for i := range garbage {
 			garbage[i] = byte(r.IntN(256))
 		}
-		engine := &fakeEngine{}
+		engine := &enginetest.Engine{}
 		px := newTestProxy(t, engine, streamingUpstream(t, "application/vnd.kubernetes.protobuf;stream=watch", [][]byte{garbage}, nil))
 		if _, body := get(t, px, "alice", staleWatchURL); !bytes.Equal(body, garbage) {
 			t.Errorf("client got %d bytes, want the upstream's %d unchanged", len(body), len(garbage))
 		}
-		ended := engine.waitEnded(t, 1)
-		if _, _, stale := engine.snapshot(); len(stale) != 0 || !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeClosed}) {
+		ended := engine.WaitEnded(t, 1)
+		if _, _, stale := engine.Snapshot(); len(stale) != 0 || !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeClosed}) {
 			t.Errorf("stale %v, ended %v; want none, [closed]", stale, ended)
 		}
 	})
 
 	t.Run("a client that leaves mid-stream ends the watch once, as closed, and the upstream request", func(t *testing.T) {
-		engine := &fakeEngine{}
+		engine := &enginetest.Engine{}
 		upstreamDone := make(chan struct{})
 		px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			defer close(upstreamDone)
@@ -138,13 +139,13 @@ func TestWatchEnds(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("the upstream request outlived the client")
 		}
-		if ended := engine.waitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeClosed}) {
+		if ended := engine.WaitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeClosed}) {
 			t.Errorf("ended %v, want [closed]", ended)
 		}
 	})
 
 	t.Run("an upstream that dies mid-stream ends the watch as an error", func(t *testing.T) {
-		engine := &fakeEngine{}
+		engine := &enginetest.Engine{}
 		px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(streamtest.JSONFrames()[0])
@@ -157,7 +158,7 @@ func TestWatchEnds(t *testing.T) {
 			_, _ = io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
 		}
-		if ended := engine.waitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeError}) {
+		if ended := engine.WaitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeError}) {
 			t.Errorf("ended %v, want [error]", ended)
 		}
 	})
@@ -168,14 +169,14 @@ func TestWatchEnds(t *testing.T) {
 			http.StatusForbidden:           ratelimit.OutcomeDenied,
 			http.StatusUnauthorized:        ratelimit.OutcomeDenied,
 		} {
-			engine := &fakeEngine{}
+			engine := &enginetest.Engine{}
 			px := newTestProxy(t, engine, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				answer.WriteStatus(w, r, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: int32(code)}})
 			}))
 			if resp, _ := get(t, px, "alice", staleWatchURL); resp.StatusCode != code {
 				t.Fatalf("HTTP %d, want the upstream's %d", resp.StatusCode, code)
 			}
-			if ended := engine.waitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{want}) {
+			if ended := engine.WaitEnded(t, 1); !slices.Equal(ended, []ratelimit.Outcome{want}) {
 				t.Errorf("upstream %d: ended %v, want [%v]", code, ended, want)
 			}
 		}

@@ -1,0 +1,66 @@
+// Package enginetest is a fake ratelimit engine for tests: it decides as
+// told and records what the proxy told it. Only tests import it.
+package enginetest
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// Engine decides with DecideFunc (allow everything when nil) and records
+// what the proxy told it.
+type Engine struct {
+	DecideFunc func(*ratelimit.Request) ratelimit.Decision
+
+	mu       sync.Mutex
+	requests []ratelimit.Request
+	ended    []ratelimit.Outcome
+	stale    []string // "group/resource@rv"
+}
+
+func (e *Engine) Decide(_ time.Time, r *ratelimit.Request) ratelimit.Decision {
+	e.mu.Lock()
+	e.requests = append(e.requests, *r)
+	e.mu.Unlock()
+	if e.DecideFunc == nil {
+		return ratelimit.Decision{Allowed: true}
+	}
+	return e.DecideFunc(r)
+}
+
+func (e *Engine) WatchEnded(_ time.Time, _ ratelimit.Watch, _ time.Duration, o ratelimit.Outcome) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ended = append(e.ended, o)
+}
+
+func (e *Engine) StaleVersionSeen(_ time.Time, group, resource, rv string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stale = append(e.stale, group+"/"+resource+"@"+rv)
+}
+
+func (e *Engine) Sweep(time.Time) int { return 0 }
+
+func (e *Engine) Snapshot() (requests []ratelimit.Request, ended []ratelimit.Outcome, stale []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.requests), slices.Clone(e.ended), slices.Clone(e.stale)
+}
+
+// WaitEnded waits (at most 5s) until n watches ended and returns their outcomes.
+func (e *Engine) WaitEnded(t *testing.T, n int) []ratelimit.Outcome {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, ended, _ := e.Snapshot()
+		if len(ended) >= n || time.Now().After(deadline) {
+			return ended
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
