@@ -14,6 +14,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
+	"github.com/watchgate/watchgate/proxy/internal/relay"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -24,7 +25,7 @@ import (
 type admission struct {
 	engine  Engine
 	clock   clock.Clock
-	watches *openWatches
+	watches *relay.OpenWatches
 	log     *sampledlog.Logger
 	// maxDelay caps the wait before a rejection is answered; delaySlots
 	// caps how many rejections wait at once.
@@ -237,23 +238,23 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
-	ws := &watchState{
-		engine: a.engine, clock: a.clock, log: a.log, c: c, decision: *d, started: start,
-		clientCtx: r.Context(), cancel: cancel, quietWindow: a.quietWindow,
-	}
+	ws := relay.NewWatch(a.engine, a.clock, a.log, c, *d, start, r.Context(), cancel)
+	var verdict relay.VersionVerdict
 	if lead != nil {
-		ws.verdict = lead
+		verdict = lead
 	}
+	var windows relay.QuietWindows
 	if a.coalescer != nil {
-		ws.coalescer = a.coalescer
+		windows = a.coalescer
 	}
+	ws.AskFor(verdict, windows, a.quietWindow)
 	added := false
 	end := func() {
 		if added {
 			activeWatches.Dec()
-			a.watches.remove(ws)
+			a.watches.Remove(ws)
 		}
-		ws.end()
+		ws.End()
 		cancel()
 		if release != nil {
 			release()
@@ -268,7 +269,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 			end()
 		}
 	}()
-	if !a.watches.add(ws) {
+	if !a.watches.Add(ws) {
 		answer.WriteStatus(w, r, answer.ServiceUnavailable(answer.ShuttingDownMessage, 1))
 		return
 	}
@@ -276,8 +277,8 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	activeWatches.Inc()
 	upstreamWatchOpens.Inc()
 	st.Watch = ws
-	next.ServeHTTP(watchHeaders{w}, r.WithContext(ctx))
-	if ws.body == nil {
+	next.ServeHTTP(relay.NewWatchHeaders(w), r.WithContext(ctx))
+	if !ws.Streaming() {
 		return
 	}
 	if st.RelayAtTop {
@@ -285,14 +286,14 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 		st.Relay = func(stream bool) {
 			defer end()
 			if !stream {
-				_ = ws.body.Close()
+				ws.CloseUnrelayed()
 				return
 			}
-			ws.relay(w, r)
+			ws.Relay(w, r)
 		}
 		return
 	}
-	ws.relay(w, r)
+	ws.Relay(w, r)
 }
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are

@@ -8,6 +8,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
+	"github.com/watchgate/watchgate/proxy/internal/relay"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
@@ -45,7 +46,7 @@ type step struct {
 //     top) and read as it passes.
 func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, topEndpoint http.Handler, logs *sampledlog.Logger) []step {
 	return []step{
-		{"Relay from the top", withRelayAtTop},
+		{"Relay from the top", relay.WithRelayAtTop},
 		{"Authenticate", func(next http.Handler) http.Handler { return authn.WithAuthentication(tokens, policy, logs, next) }},
 		{"Answer the top endpoint", func(next http.Handler) http.Handler { return top.WithTop(topEndpoint, next) }},
 		{"Classify", func(next http.Handler) http.Handler {

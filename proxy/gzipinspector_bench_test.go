@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
+	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 )
 
 // BenchmarkGzipWatchThroughProxy serves a 3,000-event JSON watch-list as
@@ -26,7 +27,7 @@ import (
 //	go test -run '^$' -bench BenchmarkGzipWatchThroughProxy -benchmem -count 5 ./proxy/
 func BenchmarkGzipWatchThroughProxy(b *testing.B) {
 	const events = 3000
-	plain := benchEvents(events)
+	plain := streamtest.BenchEvents(events)
 	var members, lines [][]byte
 	w, _ := gzip.NewWriterLevel(nil, 1)
 	for len(plain) > 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/relay"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/top"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
@@ -39,16 +40,16 @@ func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptes
 // whose engine, maxDelay and guard the caller sets; the rest is filled in.
 func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *httptest.Server {
 	t.Helper()
-	target, transport, err := upstream.NewTransport(apiserver, &upstream.ConnectionCount{}, forwardedWatch)
+	target, transport, err := upstream.NewTransport(apiserver, &upstream.ConnectionCount{}, relay.ForwardedWatch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := logtest.Discard()
-	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, newOpenWatches(), logs, make(chan struct{}, 8)
+	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, relay.NewOpenWatches(), logs, make(chan struct{}, 8)
 	adm.coalescer, adm.quietWindow, adm.followerWait = coalesce.New(), coalesce.LeaderQuietWindow, coalesce.FollowerWait
 	topEndpoint := top.NewEndpoint(adm.engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
 	topEndpoint.Reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
-	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, topEndpoint, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
+	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, topEndpoint, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, relay.ForwardedWatch))
 	px := httptest.NewServer(h)
 	t.Cleanup(px.Close)
 	return px

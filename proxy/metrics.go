@@ -25,16 +25,6 @@ var (
 		Help: "Watch requests forwarded to the API server.",
 	})
 
-	watchesEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watchgate_proxy_watches_ended_total",
-		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403).",
-	}, []string{"outcome"})
-
-	staleVersionsLearned = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "watchgate_proxy_stale_versions_learned_total",
-		Help: "ERROR 410 events seen in watch streams from the API server, each teaching the engine a stale resourceVersion.",
-	})
-
 	decisionSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "watchgate_proxy_decision_duration_seconds",
 		Help:    "Time the engine took to decide a watch or list, by verb (watch, list).",
@@ -43,6 +33,6 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens, watchesEnded,
-		staleVersionsLearned, decisionSeconds)
+	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens,
+		decisionSeconds)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
+	"github.com/watchgate/watchgate/proxy/internal/relay"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
@@ -43,18 +44,18 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { close(stop) }) // before up.Close, should the test fail
-	target, transport, err := upstream.NewTransport(&rest.Config{Host: up.URL}, &upstream.ConnectionCount{}, forwardedWatch)
+	target, transport, err := upstream.NewTransport(&rest.Config{Host: up.URL}, &upstream.ConnectionCount{}, relay.ForwardedWatch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	engine := &enginetest.Engine{}
 	logs := logtest.Discard()
 	adm := &admission{
-		engine: engine, clock: clock.RealClock{}, watches: newOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
+		engine: engine, clock: clock.RealClock{}, watches: relay.NewOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
 		coalescer: coalesce.New(), quietWindow: coalesce.LeaderQuietWindow, followerWait: coalesce.FollowerWait, maxDelay: 10 * time.Millisecond,
 		guard: guard.New(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
-	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, forwardedWatch))
+	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, relay.ForwardedWatch))
 	h = identity.WithBudgetIdentity(callertest.Impersonation, review.FailClosed, identity.ChargesOf(engine), logs, h)
 	h = request.WithClassification(request.NewRequestInfoFactory(), logs, h)
 	h = authn.WithAuthentication(callertest.Tokens, review.FailClosed, logs, h)
@@ -62,7 +63,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 		h.ServeHTTP(w, r)
 		panic("a filter failed on the way back")
 	})
-	top := withRelayAtTop(panicking)
+	top := relay.WithRelayAtTop(panicking)
 
 	req := httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=5", nil)
 	req.Header.Set("Authorization", "Bearer alice")

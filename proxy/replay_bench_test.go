@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
+	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
@@ -19,7 +20,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkWatchReplayThroughProxy -count 5 ./proxy/
 func BenchmarkWatchReplayThroughProxy(b *testing.B) {
-	events := bytes.SplitAfter(benchEvents(3000), []byte("\n"))
+	events := bytes.SplitAfter(streamtest.BenchEvents(3000), []byte("\n"))
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		for _, e := range events {

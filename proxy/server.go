@@ -24,6 +24,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
+	"github.com/watchgate/watchgate/proxy/internal/relay"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
 	"github.com/watchgate/watchgate/proxy/internal/top"
@@ -43,7 +44,7 @@ type Server struct {
 	log      logr.Logger
 	handler  http.Handler
 	cert     *servingCertificate
-	watches  *openWatches
+	watches  *relay.OpenWatches
 	client   kubernetes.Interface
 	errorLog *log.Logger
 
@@ -97,7 +98,7 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy probe client: %w", err)
 	}
 	conns := &upstream.ConnectionCount{}
-	target, transport, err := upstream.NewTransport(o.Upstream, conns, forwardedWatch)
+	target, transport, err := upstream.NewTransport(o.Upstream, conns, relay.ForwardedWatch)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +148,7 @@ func NewServer(opts Options) (*Server, error) {
 	topEndpoint := top.NewEndpoint(o.Engine, access, o.ReplicaName, o.Clock, errorLogs)
 
 	// Admission: the budget, then the replica's share of watches.
-	watches := newOpenWatches()
+	watches := relay.NewOpenWatches()
 	guard := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
 	opens := newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
 	warnings := newWarningLimiter(warningInterval, maxWarnedIdentities)
@@ -157,7 +158,7 @@ func NewServer(opts Options) (*Server, error) {
 		coalescer: coalesce.New(), quietWindow: coalesce.LeaderQuietWindow, followerWait: coalesce.FollowerWait,
 		guard: guard, opens: opens, warnings: warnings,
 	}
-	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, forwardedWatch)
+	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, relay.ForwardedWatch)
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, topEndpoint, errorLogs, forward)
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
@@ -259,13 +260,13 @@ func (s *Server) Start(ctx context.Context) error {
 
 	s.draining.Store(true)
 	s.log.Info("Shutting down", "drainDelay", s.opts.ShutdownDrainDelay, "gracePeriod", s.opts.ShutdownGracePeriod,
-		"openWatches", s.watches.len())
+		"openWatches", s.watches.Len())
 	s.opts.Clock.Sleep(s.opts.ShutdownDrainDelay)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGracePeriod+shutdownRequestsGrace)
 	defer cancel()
 	shut := make(chan error, 1)
 	go func() { shut <- srv.Shutdown(shutdownCtx) }()
-	s.watches.closeSpread(s.opts.Clock, s.opts.ShutdownGracePeriod)
+	s.watches.CloseSpread(s.opts.Clock, s.opts.ShutdownGracePeriod)
 	if err := <-shut; err != nil {
 		_ = srv.Close()
 		s.log.Info("Closed connections still open after the grace period", "err", err.Error())

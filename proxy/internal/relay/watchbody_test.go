@@ -1,11 +1,10 @@
-package proxy
+package relay
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"io"
-	"net/http"
 	"runtime"
 	"slices"
 	"strings"
@@ -39,7 +38,7 @@ func (z zeroes) Read(p []byte) (int, error) {
 // an upper bound of the heap the copy needed) and the bytes copied.
 func peakHeapWhileCopying(t *testing.T, contentType string, src io.Reader) (uint64, int64) {
 	engine := &enginetest.Engine{}
-	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
+	ws := &Watch{engine: engine, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard()}
 	b := newWatchBody(ws, io.NopCloser(src), contentType, "")
 	buf := make([]byte, 32<<10)
 	var before, after runtime.MemStats
@@ -119,7 +118,7 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 
 	// Through a watchBody: bytes unchanged, one end.
 	engine := &enginetest.Engine{}
-	ws := &watchState{engine: engine, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "7"}, log: logtest.Discard(),
+	ws := &Watch{engine: engine, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "7"}, log: logtest.Discard(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(bytes.NewReader(data)), contentType, "")
 	ws.body = b
@@ -133,8 +132,8 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 	if n := b.inspect.BufferedBytes(); n > inspect.MaxInspectedFrameBytes {
 		t.Fatalf("%d bytes buffered, over the limit", n)
 	}
-	ws.end()
-	ws.end()
+	ws.End()
+	ws.End()
 	if _, ended, _ := engine.Snapshot(); len(ended) != 1 {
 		t.Fatalf("WatchEnded called %d times, want 1", len(ended))
 	}
@@ -143,76 +142,6 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 		if _, ended, _ := engine.Snapshot(); ended[0] != wantOutcome {
 			t.Fatalf("outcome %v after ERROR events, want %v", ended[0], wantOutcome)
 		}
-	}
-}
-
-// gzipUpstream answers a watch as kube-apiserver answers a watch-list to a
-// client that accepts gzip, a member per flush, one flush at a time (see
-// streamingUpstream).
-func gzipUpstream(t *testing.T, contentType string, members [][]byte, proceed <-chan struct{}) http.Handler {
-	h := streamingUpstream(t, contentType, members, proceed)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Encoding", "gzip")
-		w.Header().Add("Vary", "Accept-Encoding")
-		h.ServeHTTP(w, r)
-	})
-}
-
-// A watch-list answered with gzip (kube-apiserver's WatchListCompression)
-// passes byte for byte, each member as it comes, and its ERROR 410 is
-// seen: the engine learns the version and the watch ends as an error.
-func TestGzipWatchStreamLearnsStaleVersions(t *testing.T) {
-	for name, tc := range map[string]struct {
-		contentType string
-		frames      [][]byte
-	}{
-		"json":     {streamtest.JSONWatchType, streamtest.JSONFrames()},
-		"protobuf": {streamtest.ProtobufWatchType, streamtest.ProtobufFrames(t)},
-	} {
-		t.Run(name, func(t *testing.T) {
-			members := make([][]byte, len(tc.frames))
-			for i, f := range tc.frames {
-				members[i] = streamtest.GzipMembers(t, [][]byte{f})
-			}
-			engine := &enginetest.Engine{}
-			proceed := make(chan struct{})
-			px := newTestProxy(t, engine, gzipUpstream(t, tc.contentType, members, proceed))
-			// The client reads the encoded bytes as they come (no
-			// transparent decompression).
-			client := px.Client()
-			client.Transport.(*http.Transport).DisableCompression = true
-			req, _ := http.NewRequest(http.MethodGet, px.URL+staleWatchURL+"&sendInitialEvents=false&resourceVersionMatch=NotOlderThan", nil)
-			req.Header.Set("Authorization", "Bearer alice")
-			req.Header.Set("Accept-Encoding", "gzip")
-			resp, err := client.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			if ce := resp.Header.Get("Content-Encoding"); ce != "gzip" {
-				t.Fatalf("Content-Encoding %q, want gzip passed through", ce)
-			}
-			var got []byte
-			for i, m := range members {
-				buf := make([]byte, len(m))
-				if _, err := io.ReadFull(resp.Body, buf); err != nil {
-					t.Fatalf("member %d: %v", i, err)
-				}
-				got = append(got, buf...)
-				if i < len(members)-1 {
-					proceed <- struct{}{}
-				}
-			}
-			rest, _ := io.ReadAll(resp.Body)
-			if want := bytes.Join(members, nil); !bytes.Equal(append(got, rest...), want) {
-				t.Errorf("client got %d bytes, want the upstream's %d bytes unchanged", len(got)+len(rest), len(want))
-			}
-			ended := engine.WaitEnded(t, 1)
-			_, _, stale := engine.Snapshot()
-			if !slices.Equal(stale, []string{"/configmaps@42"}) || !slices.Equal(ended, []ratelimit.Outcome{ratelimit.OutcomeError}) {
-				t.Errorf("stale %v, ended %v; want [/configmaps@42], [error]", stale, ended)
-			}
-		})
 	}
 }
 
@@ -227,17 +156,17 @@ func TestStreamsNotInspected(t *testing.T) {
 		{streamtest.JSONWatchType, "br"},
 		{streamtest.JSONWatchType, "deflate"},
 	} {
-		b := newWatchBody(&watchState{}, io.NopCloser(strings.NewReader("")), tc.contentType, tc.encoding)
+		b := newWatchBody(&Watch{}, io.NopCloser(strings.NewReader("")), tc.contentType, tc.encoding)
 		if b.inspect != nil || b.inflate != nil {
 			t.Errorf("%s encoded %q: inspected", tc.contentType, tc.encoding)
 		}
 	}
 	for _, encoding := range []string{"gzip", "GZIP"} {
-		if b := newWatchBody(&watchState{}, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, encoding); b.inflate == nil {
+		if b := newWatchBody(&Watch{}, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, encoding); b.inflate == nil {
 			t.Errorf("JSON encoded %q: not inflated", encoding)
 		}
 	}
-	if b := newWatchBody(&watchState{}, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, ""); b.inflate != nil {
+	if b := newWatchBody(&Watch{}, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, ""); b.inflate != nil {
 		t.Error("an identity stream has an inflater")
 	}
 }
@@ -265,7 +194,7 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "42"},
+			ws := &Watch{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{ResourceVersion: "42"},
 				log: logtest.Discard(), clientCtx: ctx, cancel: cancel}
 			src := &streamtest.ChunkedReader{Reads: slices.Clone(reads), End: tc.end, Last: tc.last}
 			b := newWatchBody(ws, io.NopCloser(src), streamtest.JSONWatchType, "gzip")
@@ -299,7 +228,7 @@ func TestGzipWatchBodyInflatesTheMemberHeldAtTheEnd(t *testing.T) {
 // ends (the client left mid-watch), and its bytes go back to the budget.
 func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 	reads := streamtest.MemberReads(t, streamtest.JSONFrames()[:1], streamtest.JSONFrames()[1:2], streamtest.JSONFrames()[1:2])
-	ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
+	ws := &Watch{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: t.Context(), cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(&streamtest.ChunkedReader{Reads: append(slices.Clone(reads), nil)}), streamtest.JSONWatchType, "gzip")
 	budget := inspect.NewSharedBytes(1<<20, 1<<20)
@@ -327,7 +256,7 @@ func TestGzipWatchBodyReleasesTheMemberHeldOnClose(t *testing.T) {
 // to.
 func TestGzipWatchHoldsOnItsCallersShare(t *testing.T) {
 	ctx := callertest.WithCaller(t.Context(), &user.DefaultInfo{Name: "mallory"})
-	ws := &watchState{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
+	ws := &Watch{engine: &enginetest.Engine{}, clock: clock.RealClock{}, c: &request.Classification{}, log: logtest.Discard(),
 		clientCtx: ctx, cancel: func() {}}
 	b := newWatchBody(ws, io.NopCloser(strings.NewReader("")), streamtest.JSONWatchType, "gzip")
 	if b.inflate == nil || b.inflate.ChargedTo() != "mallory" {

@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"net/http"
@@ -6,7 +6,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/request"
 )
 
-// withRelayAtTop is the chain's first filter. It grows the handler
+// WithRelayAtTop is the chain's first filter. It grows the handler
 // goroutine's stack once, while it is shallow (growStack), and relays an
 // admitted watch's stream from here, after every filter below it has
 // returned, instead of from inside the admission filter.
@@ -28,7 +28,7 @@ import (
 // HTTP/2 server adds two frames of its own, 480 bytes, above the handler).
 // A handler chain without this filter relays inside the admission
 // filter.
-func withRelayAtTop(next http.Handler) http.Handler {
+func WithRelayAtTop(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		growStack()
 		st, r := request.StateOf(r)

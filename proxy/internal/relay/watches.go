@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"sync"
@@ -7,21 +7,21 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// openWatches is the set of watches this replica forwards, so that shutdown
+// OpenWatches is the set of watches this replica forwards, so that shutdown
 // can close them one by one. It is safe for concurrent use.
-type openWatches struct {
+type OpenWatches struct {
 	mu      sync.Mutex
-	set     map[*watchState]struct{}
+	set     map[*Watch]struct{}
 	closing bool
 }
 
-func newOpenWatches() *openWatches {
-	return &openWatches{set: map[*watchState]struct{}{}}
+func NewOpenWatches() *OpenWatches {
+	return &OpenWatches{set: map[*Watch]struct{}{}}
 }
 
-// add registers ws; it returns false once closing began (the watch must
+// Add registers ws; it returns false once closing began (the watch must
 // then not be forwarded).
-func (o *openWatches) add(ws *watchState) bool {
+func (o *OpenWatches) Add(ws *Watch) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closing {
@@ -31,26 +31,26 @@ func (o *openWatches) add(ws *watchState) bool {
 	return true
 }
 
-func (o *openWatches) remove(ws *watchState) {
+func (o *OpenWatches) Remove(ws *Watch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.set, ws)
 }
 
-func (o *openWatches) len() int {
+func (o *OpenWatches) Len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.set)
 }
 
-// closeSpread refuses new watches and closes the open ones evenly over
+// CloseSpread refuses new watches and closes the open ones evenly over
 // grace (the first at once), so that their clients reconnect to the other
 // replicas as a trickle rather than a storm. It returns when the last one
 // was told to stop.
-func (o *openWatches) closeSpread(clk clock.Clock, grace time.Duration) {
+func (o *OpenWatches) CloseSpread(clk clock.Clock, grace time.Duration) {
 	o.mu.Lock()
 	o.closing = true
-	list := make([]*watchState, 0, len(o.set))
+	list := make([]*Watch, 0, len(o.set))
 	for ws := range o.set {
 		list = append(list, ws)
 	}

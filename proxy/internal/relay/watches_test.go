@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"context"
@@ -16,21 +16,21 @@ import (
 func TestCloseSpread(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakeClock(t0)
-	o := newOpenWatches()
-	stoppedAt := map[*watchState]time.Time{}
-	var list []*watchState
+	o := NewOpenWatches()
+	stoppedAt := map[*Watch]time.Time{}
+	var list []*Watch
 	for range 4 {
 		ctx, cancel := context.WithCancel(context.Background())
-		ws := &watchState{clientCtx: ctx}
+		ws := &Watch{clientCtx: ctx}
 		ws.cancel = func() { stoppedAt[ws] = clk.Now(); cancel() }
-		if !o.add(ws) {
+		if !o.Add(ws) {
 			t.Fatal("add refused before shutdown")
 		}
 		list = append(list, ws)
 	}
-	o.remove(list[3]) // ended on its own
+	o.Remove(list[3]) // ended on its own
 
-	o.closeSpread(clk, 9*time.Second)
+	o.CloseSpread(clk, 9*time.Second)
 
 	if len(stoppedAt) != 3 {
 		t.Fatalf("stopped %d watches, want the 3 open ones", len(stoppedAt))
@@ -47,7 +47,7 @@ func TestCloseSpread(t *testing.T) {
 			t.Errorf("no watch stopped at +%v; stopped at %v", want, seen)
 		}
 	}
-	if o.add(&watchState{}) {
+	if o.Add(&Watch{}) {
 		t.Error("a new watch was admitted after shutdown began")
 	}
 }

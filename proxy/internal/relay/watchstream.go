@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"context"
@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/watchgate/watchgate/proxy/internal/inspect"
 	"github.com/watchgate/watchgate/proxy/internal/request"
@@ -20,7 +22,7 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// watchState follows one admitted watch from its decision to its end and
+// Watch follows one admitted watch from its decision to its end and
 // reports that end to the engine exactly once (end), however the watch
 // ended: the API server closed it, answered an error, died, the client left,
 // or the proxy closed it on shutdown. It is the only owner of these fields:
@@ -30,8 +32,8 @@ import (
 // The request's goroutine owns it (the reverse proxy calls ModifyResponse
 // and ErrorHandler on it, the relay reads the body); stop may be called
 // from any goroutine.
-type watchState struct {
-	engine   Engine
+type Watch struct {
+	engine   watchEngine
 	clock    clock.PassiveClock
 	log      *sampledlog.Logger
 	c        *request.Classification
@@ -44,12 +46,12 @@ type watchState struct {
 	// verdict, when not nil, is the version this watch asks the
 	// API server about for its followers (coalescer); quietWindow is how
 	// long after a 200 without an ERROR event the version counts as valid.
-	verdict     versionVerdict
+	verdict     VersionVerdict
 	quietWindow time.Duration
 	quiet       *time.Timer
 	// coalescer, when not nil, learns how long after its 200 a stale watch's
 	// ERROR 410 came (answeredAt), to size the quiet window.
-	coalescer  quietWindows
+	coalescer  QuietWindows
 	answeredAt time.Time
 
 	stopped      atomic.Bool  // the proxy closed the watch (shutdown)
@@ -61,9 +63,9 @@ type watchState struct {
 	endOnce sync.Once
 }
 
-// versionVerdict is the leader of the watches from one resourceVersion
+// VersionVerdict is the leader of the watches from one resourceVersion
 // (coalesce.Leader) that a watch asks the API server for.
-type versionVerdict interface {
+type VersionVerdict interface {
 	// Settle releases the followers with the verdict the engine has
 	// learnt.
 	Settle()
@@ -71,10 +73,10 @@ type versionVerdict interface {
 	HandOver()
 }
 
-// quietWindows sizes how long a quiet 200 takes to count as a valid
+// QuietWindows sizes how long a quiet 200 takes to count as a valid
 // version, from how late stale versions' ERROR 410 events came
 // (coalesce.Coalescer).
-type quietWindows interface {
+type QuietWindows interface {
 	Window(floor time.Duration) time.Duration
 	ObserveStale(gap time.Duration)
 }
@@ -82,21 +84,21 @@ type quietWindows interface {
 // stop ends the watch cleanly from the client's point of view: the stream
 // ends as if the API server had closed it (client-go simply watches again),
 // and the watch counts as closed, not failed.
-func (ws *watchState) stop() {
+func (ws *Watch) stop() {
 	ws.stopped.Store(true)
 	ws.cancel()
 }
 
 // clientGone reports whether the watch ended because of the client or the
 // proxy rather than the API server.
-func (ws *watchState) clientGone() bool {
+func (ws *Watch) clientGone() bool {
 	return ws.stopped.Load() || ws.clientCtx != nil && ws.clientCtx.Err() != nil
 }
 
 // UpstreamAnswered is what the forwarder's ModifyResponse does for a
 // watch: it records the API server's status code and, for a 200 stream in
 // JSON or protobuf, wraps the body to inspect it as it passes.
-func (ws *watchState) UpstreamAnswered(resp *http.Response) {
+func (ws *Watch) UpstreamAnswered(resp *http.Response) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// A watch over WebSocket is relayed, not inspected: it will learn
 		// nothing, so its followers go on.
@@ -124,11 +126,11 @@ func (ws *watchState) UpstreamAnswered(resp *http.Response) {
 	}
 }
 
-// relay copies the stream of a watch the API server answered 200 to the
+// Relay copies the stream of a watch the API server answered 200 to the
 // client (copyWatch), after the reverse proxy has sent the headers. A
 // stream that breaks breaks the client's too (http.ErrAbortHandler), as
 // the reverse proxy does, so that the client sees an error, not an end.
-func (ws *watchState) relay(w http.ResponseWriter, r *http.Request) {
+func (ws *Watch) Relay(w http.ResponseWriter, r *http.Request) {
 	err := copyWatch(w, ws.body, upstream.CopyBuffers{})
 	_ = ws.body.Close()
 	if err != nil && r.Context().Value(http.ServerContextKey) != nil {
@@ -139,19 +141,19 @@ func (ws *watchState) relay(w http.ResponseWriter, r *http.Request) {
 // UpstreamFailed is what the forwarder's ErrorHandler records for a watch
 // the API server did not answer; it returns whether the proxy itself closed
 // the watch (shutdown).
-func (ws *watchState) UpstreamFailed() (stoppedByProxy bool) {
+func (ws *Watch) UpstreamFailed() (stoppedByProxy bool) {
 	ws.transportErr.Store(true)
 	ws.handOverVerdict()
 	return ws.stopped.Load()
 }
 
-// end reports the watch's lifetime and outcome to the engine; only the
+// End reports the watch's lifetime and outcome to the engine; only the
 // first call does anything. The stream has been read by then: the relay
 // reads it in the request's goroutine, before end runs.
 //
 // An upstream 401 or 403 is OutcomeDenied, not a failure: RBAC said no,
 // and watching again changes nothing the backoff could help with.
-func (ws *watchState) end() {
+func (ws *Watch) End() {
 	ws.endOnce.Do(func() {
 		if ws.quiet != nil {
 			ws.quiet.Stop()
@@ -189,7 +191,7 @@ func (ws *watchState) end() {
 // settleVerdict releases the followers waiting on this watch's version, if
 // any, with its verdict: they decide again, answered locally if the
 // engine has learnt the version stale, upstream otherwise.
-func (ws *watchState) settleVerdict() {
+func (ws *Watch) settleVerdict() {
 	if ws.verdict != nil {
 		ws.verdict.Settle()
 	}
@@ -197,7 +199,7 @@ func (ws *watchState) settleVerdict() {
 
 // handOverVerdict releases the followers waiting on this watch's version, if
 // any and not settled, without a verdict: one of them asks in its place.
-func (ws *watchState) handOverVerdict() {
+func (ws *Watch) handOverVerdict() {
 	if ws.verdict != nil {
 		ws.verdict.HandOver()
 	}
@@ -205,14 +207,14 @@ func (ws *watchState) handOverVerdict() {
 
 // SawEvent is called for every event in the stream that is not an ERROR:
 // the version was valid.
-func (ws *watchState) SawEvent() {
+func (ws *Watch) SawEvent() {
 	ws.settleVerdict()
 }
 
 // SawError is called for every ERROR event in the stream with its object.
 // A Status with code 410 teaches the engine that the request's
 // resourceVersion is stale, before any follower waiting on it decides.
-func (ws *watchState) SawError(obj runtime.Object) {
+func (ws *Watch) SawError(obj runtime.Object) {
 	ws.errorEvent.Store(true)
 	status, ok := obj.(*metav1.Status)
 	if !ok || status.Code != 410 {
@@ -243,7 +245,7 @@ func (ws *watchState) SawError(obj runtime.Object) {
 // idle.
 type watchBody struct {
 	upstream io.ReadCloser
-	ws       *watchState
+	ws       *Watch
 	inspect  *inspect.Stream // nil when the stream is not inspected
 	inflate  *inspect.Gzip   // nil unless the stream is gzip-encoded
 	readErr  error           // first read error other than io.EOF
@@ -251,7 +253,7 @@ type watchBody struct {
 	closing  sync.Once
 }
 
-func newWatchBody(ws *watchState, upstream io.ReadCloser, contentType, contentEncoding string) *watchBody {
+func newWatchBody(ws *Watch, upstream io.ReadCloser, contentType, contentEncoding string) *watchBody {
 	b := &watchBody{ws: ws, upstream: upstream}
 	if f, s, gzipped, ok := inspect.FramingFor(contentType, contentEncoding); ok {
 		b.inspect = inspect.NewStream(f, s, ws)
@@ -341,11 +343,52 @@ func (b *watchBody) Close() error {
 	return err
 }
 
-// forwardedWatch is the forwarder's view of the admitted watch a request
+// ForwardedWatch is the forwarder's view of the admitted watch a request
 // is, nil for every other request.
-func forwardedWatch(ctx context.Context) upstream.AdmittedWatch {
+func ForwardedWatch(ctx context.Context) upstream.AdmittedWatch {
 	if ws := request.AdmittedWatchFrom(ctx); ws != nil {
 		return ws
 	}
 	return nil
 }
+
+// watchEngine is what a watch tells the engine (a *ratelimit.Engine).
+type watchEngine interface {
+	WatchEnded(now time.Time, w ratelimit.Watch, lifetime time.Duration, outcome ratelimit.Outcome)
+	StaleVersionSeen(now time.Time, group, resource, resourceVersion string)
+}
+
+// NewWatch follows the watch classified c, admitted by d at started,
+// whose client's request context is clientCtx; cancel cancels its upstream
+// request.
+func NewWatch(engine watchEngine, clk clock.PassiveClock, log *sampledlog.Logger, c *request.Classification, d ratelimit.Decision,
+	started time.Time, clientCtx context.Context, cancel context.CancelFunc) *Watch {
+	return &Watch{engine: engine, clock: clk, log: log, c: c, decision: d, started: started, clientCtx: clientCtx, cancel: cancel}
+}
+
+// AskFor makes ws the watch that asks the API server about its version for
+// the followers of verdict (nil: none), the quiet window sized by
+// coalescer (nil: quietWindow).
+func (ws *Watch) AskFor(verdict VersionVerdict, coalescer QuietWindows, quietWindow time.Duration) {
+	ws.verdict, ws.coalescer, ws.quietWindow = verdict, coalescer, quietWindow
+}
+
+// Streaming reports whether the API server answered a 200 stream, which
+// Relay copies.
+func (ws *Watch) Streaming() bool { return ws.body != nil }
+
+// CloseUnrelayed closes the stream without relaying it.
+func (ws *Watch) CloseUnrelayed() { _ = ws.body.Close() }
+
+var (
+	staleVersionsLearned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "watchgate_proxy_stale_versions_learned_total",
+		Help: "ERROR 410 events seen in watch streams from the API server, each teaching the engine a stale resourceVersion.",
+	})
+	watchesEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_watches_ended_total",
+		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403).",
+	}, []string{"outcome"})
+)
+
+func init() { metrics.Registry.MustRegister(staleVersionsLearned, watchesEnded) }

@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"net/http"

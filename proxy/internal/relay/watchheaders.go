@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import "net/http"
 
@@ -22,3 +22,6 @@ func (w watchHeaders) WriteHeader(code int) {
 
 // Unwrap returns the wrapped writer, for http.ResponseController.
 func (w watchHeaders) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// NewWatchHeaders wraps w so that a watch's 200 headers are sent at once.
+func NewWatchHeaders(w http.ResponseWriter) http.ResponseWriter { return watchHeaders{w} }

@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 // handlerStackReserve is the frame growStack reserves: with the frames
 // below it and the runtime's guard, the handler goroutine's stack becomes
