@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
 	restclientwatch "k8s.io/client-go/rest/watch"
-	"k8s.io/utils/clock"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
@@ -151,22 +149,3 @@ func TestTooOldAnswerInTheClientsFraming(t *testing.T) {
 type readCloser struct{ *bytes.Reader }
 
 func (readCloser) Close() error { return nil }
-
-func TestRejectionDelayEndsWhenTheClientLeaves(t *testing.T) {
-	a := &admission{maxDelay: time.Hour, delaySlots: make(chan struct{}, 1), clock: clock.RealClock{}}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	if a.delay(ctx, time.Hour) {
-		t.Error("delay reported the client present")
-	}
-	if time.Since(start) > time.Second {
-		t.Error("delay outlived the client")
-	}
-	// With every slot taken, rejections are answered at once.
-	a.delaySlots <- struct{}{}
-	start = time.Now()
-	if !a.delay(context.Background(), time.Hour) || time.Since(start) > time.Second {
-		t.Error("delay waited without a free slot")
-	}
-}

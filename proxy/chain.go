@@ -6,6 +6,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
+	"github.com/watchgate/watchgate/proxy/internal/admit"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/identity"
 	"github.com/watchgate/watchgate/proxy/internal/relay"
@@ -44,7 +45,7 @@ type step struct {
 //     taken only by a watch about to go upstream;
 //   - then the reverse proxy forwards, and the stream is relayed (from the
 //     top) and read as it passes.
-func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, topEndpoint http.Handler, logs *sampledlog.Logger) []step {
+func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admit.Admission, topEndpoint http.Handler, logs *sampledlog.Logger) []step {
 	return []step{
 		{"Relay from the top", relay.WithRelayAtTop},
 		{"Authenticate", func(next http.Handler) http.Handler { return authn.WithAuthentication(tokens, policy, logs, next) }},
@@ -53,9 +54,9 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 			return request.WithClassification(request.NewRequestInfoFactory(), logs, next)
 		}},
 		{"Identify", func(next http.Handler) http.Handler {
-			return identity.WithBudgetIdentity(impersonation, policy, identity.ChargesOf(adm.engine), logs, next)
+			return identity.WithBudgetIdentity(impersonation, policy, identity.ChargesOf(adm.Engine), logs, next)
 		}},
-		{"Coalesce", func(next http.Handler) http.Handler { return withAdmission(adm, next) }},
+		{"Coalesce", func(next http.Handler) http.Handler { return admit.WithAdmission(adm, next) }},
 		{"Admit", nil},             // withAdmission: engine.Decide
 		{"Guard the replica", nil}, // withAdmission: watchGuard.admit
 		{"Limit watch opens", nil}, // withAdmission: watchOpenRate.allow
@@ -65,7 +66,7 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 }
 
 // chain builds the filter chain of steps, once, in front of forward.
-func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admission, topEndpoint http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
+func chain(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admit.Admission, topEndpoint http.Handler, logs *sampledlog.Logger, forward http.Handler) http.Handler {
 	s := steps(tokens, impersonation, policy, adm, topEndpoint, logs)
 	h := forward
 	for i := len(s) - 1; i >= 0; i-- {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/proxy/internal/admit"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
@@ -33,21 +34,21 @@ func newTestProxy(t testing.TB, engine Engine, upstream http.Handler) *httptest.
 
 func newTestProxyTo(t testing.TB, engine Engine, upstream *rest.Config) *httptest.Server {
 	t.Helper()
-	return newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond}, upstream)
+	return newTestAdmission(t, &admit.Admission{Engine: engine, MaxDelay: 50 * time.Millisecond}, upstream)
 }
 
 // newTestAdmission serves the whole chain in front of the API server apiserver with adm,
 // whose engine, maxDelay and guard the caller sets; the rest is filled in.
-func newTestAdmission(t testing.TB, adm *admission, apiserver *rest.Config) *httptest.Server {
+func newTestAdmission(t testing.TB, adm *admit.Admission, apiserver *rest.Config) *httptest.Server {
 	t.Helper()
 	target, transport, err := upstream.NewTransport(apiserver, &upstream.ConnectionCount{}, relay.ForwardedWatch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := logtest.Discard()
-	adm.clock, adm.watches, adm.log, adm.delaySlots = clock.RealClock{}, relay.NewOpenWatches(), logs, make(chan struct{}, 8)
-	adm.coalescer, adm.quietWindow, adm.followerWait = coalesce.New(), coalesce.LeaderQuietWindow, coalesce.FollowerWait
-	topEndpoint := top.NewEndpoint(adm.engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
+	adm.Clock, adm.Watches, adm.Log, adm.DelaySlots = clock.RealClock{}, relay.NewOpenWatches(), logs, make(chan struct{}, 8)
+	adm.Coalescer, adm.QuietWindow, adm.FollowerWait = coalesce.New(), coalesce.LeaderQuietWindow, coalesce.FollowerWait
+	topEndpoint := top.NewEndpoint(adm.Engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
 	topEndpoint.Reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)
 	h := chain(callertest.Tokens, callertest.Impersonation, review.FailClosed, adm, topEndpoint, logs, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, relay.ForwardedWatch))
 	px := httptest.NewServer(h)

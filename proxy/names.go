@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/watchgate/watchgate/proxy/internal/admit"
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/review"
@@ -54,6 +55,15 @@ const (
 	GuardMaxWatches            = guard.GuardMaxWatches
 	GuardMaxWatchesPerIdentity = guard.GuardMaxWatchesPerIdentity
 	GuardFairShare             = guard.GuardFairShare
+	// GuardWatchOpenRate: the caller opened its burst of watches faster
+	// than its per-identity rate refills it.
+	GuardWatchOpenRate = admit.GuardWatchOpenRate
+
+	// DefaultWatchOpensPerIdentityPerSecond and
+	// DefaultWatchOpenBurstPerIdentity are the defaults of
+	// Options.WatchOpensPerIdentityPerSecond and WatchOpenBurstPerIdentity.
+	DefaultWatchOpensPerIdentityPerSecond = admit.DefaultWatchOpensPerIdentityPerSecond
+	DefaultWatchOpenBurstPerIdentity      = admit.DefaultWatchOpenBurstPerIdentity
 )
 
 // ProcessMemoryLimit is the memory this process runs under: GOMEMLIMIT

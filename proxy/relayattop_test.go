@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/admit"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
@@ -50,12 +51,12 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	}
 	engine := &enginetest.Engine{}
 	logs := logtest.Discard()
-	adm := &admission{
-		engine: engine, clock: clock.RealClock{}, watches: relay.NewOpenWatches(), log: logs, delaySlots: make(chan struct{}, 8),
-		coalescer: coalesce.New(), quietWindow: coalesce.LeaderQuietWindow, followerWait: coalesce.FollowerWait, maxDelay: 10 * time.Millisecond,
-		guard: guard.New(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
+	adm := &admit.Admission{
+		Engine: engine, Clock: clock.RealClock{}, Watches: relay.NewOpenWatches(), Log: logs, DelaySlots: make(chan struct{}, 8),
+		Coalescer: coalesce.New(), QuietWindow: coalesce.LeaderQuietWindow, FollowerWait: coalesce.FollowerWait, MaxDelay: 10 * time.Millisecond,
+		Guard: guard.New(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}
-	h := withAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, relay.ForwardedWatch))
+	h := admit.WithAdmission(adm, upstream.NewReverseProxy(target, transport, log.New(io.Discard, "", 0), logs, relay.ForwardedWatch))
 	h = identity.WithBudgetIdentity(callertest.Impersonation, review.FailClosed, identity.ChargesOf(engine), logs, h)
 	h = request.WithClassification(request.NewRequestInfoFactory(), logs, h)
 	h = authn.WithAuthentication(callertest.Tokens, review.FailClosed, logs, h)
@@ -83,7 +84,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	if got := engine.WaitEnded(t, 1); len(got) != 1 || got[0] != ratelimit.OutcomeClosed {
 		t.Fatalf("engine heard of ends %v, want one closed watch", got)
 	}
-	if reason, _ := adm.guard.Admit(time.Now(), "alice"); reason != "" {
+	if reason, _ := adm.Guard.Admit(time.Now(), "alice"); reason != "" {
 		t.Fatalf("the watch's place in the guard was not given back: a new watch is refused %s", reason)
 	}
 }

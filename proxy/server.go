@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/proxy/internal/admit"
 	"github.com/watchgate/watchgate/proxy/internal/authn"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
@@ -150,13 +151,13 @@ func NewServer(opts Options) (*Server, error) {
 	// Admission: the budget, then the replica's share of watches.
 	watches := relay.NewOpenWatches()
 	guard := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
-	opens := newWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
-	warnings := newWarningLimiter(warningInterval, maxWarnedIdentities)
-	adm := &admission{
-		engine: o.Engine, clock: o.Clock, watches: watches, log: decisionLogs,
-		maxDelay: o.MaxRejectDelay, delaySlots: make(chan struct{}, o.MaxDelayedRejections),
-		coalescer: coalesce.New(), quietWindow: coalesce.LeaderQuietWindow, followerWait: coalesce.FollowerWait,
-		guard: guard, opens: opens, warnings: warnings,
+	opens := admit.NewWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
+	warnings := admit.NewWarningLimiter(admit.WarningInterval, admit.MaxWarnedIdentities)
+	adm := &admit.Admission{
+		Engine: o.Engine, Clock: o.Clock, Watches: watches, Log: decisionLogs,
+		MaxDelay: o.MaxRejectDelay, DelaySlots: make(chan struct{}, o.MaxDelayedRejections),
+		Coalescer: coalesce.New(), QuietWindow: coalesce.LeaderQuietWindow, FollowerWait: coalesce.FollowerWait,
+		Guard: guard, Opens: opens, Warnings: warnings,
 	}
 	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, relay.ForwardedWatch)
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, topEndpoint, errorLogs, forward)

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/admit"
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/callertest"
 	"github.com/watchgate/watchgate/proxy/internal/coalesce"
@@ -102,8 +103,8 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 		}
 		return ratelimit.Decision{Allowed: true}
 	}}
-	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 2 * time.Second,
-		guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, nil))
+	px := newTestAdmission(t, &admit.Admission{Engine: engine, MaxDelay: 2 * time.Second,
+		Guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, nil))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -130,8 +131,8 @@ func TestARejectedWatchHoldsNoGuardPlace(t *testing.T) {
 // the leader, which is forwarded, does.
 func TestAFollowerHoldsNoGuardPlace(t *testing.T) {
 	release := make(chan struct{})
-	px := newTestAdmission(t, &admission{engine: &enginetest.Engine{}, maxDelay: 50 * time.Millisecond,
-		guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
+	px := newTestAdmission(t, &admit.Admission{Engine: &enginetest.Engine{}, MaxDelay: 50 * time.Millisecond,
+		Guard: guard.New(2, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))}, guardedUpstream(t, release))
 	before := metricstest.CounterValue(t, coalesce.WatchesCoalesced)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -169,7 +170,7 @@ func TestWatchGuardAnswers(t *testing.T) {
 	defer close(release)
 	engine := &enginetest.Engine{}
 	g := guard.New(4, 2, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
-	px := newTestAdmission(t, &admission{engine: engine, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
+	px := newTestAdmission(t, &admit.Admission{Engine: engine, MaxDelay: 50 * time.Millisecond, Guard: g}, guardedUpstream(t, release))
 	check := func(token, path string, code int, reason metav1.StatusReason, header, message string) {
 		t.Helper()
 		resp, body := get(t, px, token, path)
@@ -225,7 +226,7 @@ func TestWatchGuardFairShareAnswer(t *testing.T) {
 	var inUse atomic.Uint64
 	inUse.Store(10 * mib)
 	g := guard.New(0, 0, 85, func() (uint64, uint64) { return inUse.Load(), 100 * mib }, clk)
-	px := newTestAdmission(t, &admission{engine: &enginetest.Engine{}, maxDelay: 50 * time.Millisecond, guard: g}, guardedUpstream(t, release))
+	px := newTestAdmission(t, &admit.Admission{Engine: &enginetest.Engine{}, MaxDelay: 50 * time.Millisecond, Guard: g}, guardedUpstream(t, release))
 	holdPath(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=5")
 	waitFor(t, "alice's watch", func() bool { return g.OpenCount() == 1 })
 	inUse.Store(80 * mib) // above 90% of the 85% mark
@@ -254,8 +255,8 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 	}}
 	g := guard.New(10, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
 	// 3 at once, then one per 100 s: nothing refills while the test runs.
-	px := newTestAdmission(t, &admission{engine: engine, maxDelay: time.Millisecond, guard: g,
-		opens: newWatchOpenRate(0.01, 3), warnings: newWarningLimiter(warningInterval, maxWarnedIdentities)}, guardedUpstream(t, nil))
+	px := newTestAdmission(t, &admit.Admission{Engine: engine, MaxDelay: time.Millisecond, Guard: g,
+		Opens: admit.NewWatchOpenRate(0.01, 3), Warnings: admit.NewWarningLimiter(admit.WarningInterval, admit.MaxWarnedIdentities)}, guardedUpstream(t, nil))
 	for i := range 5 {
 		if resp, _ := get(t, px, "agent", "/api/v1/namespaces/a/pods?watch=true&resourceVersion=1"); resp.StatusCode != http.StatusOK ||
 			!strings.Contains(resp.Header.Get(answer.DecisionHeader), "StaleResourceVersion") {
@@ -271,7 +272,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 			t.Fatalf("the agent's watch %d of its burst of 3: HTTP %d %q %s", i+1, resp.StatusCode, resp.Header.Get(answer.DecisionHeader), body)
 		}
 	}
-	before := metricstest.CounterValue(t, guard.Rejections.WithLabelValues(GuardWatchOpenRate))
+	before := metricstest.CounterValue(t, guard.Rejections.WithLabelValues(admit.GuardWatchOpenRate))
 	resp, body := get(t, px, "agent", "/api/v1/namespaces/b/pods?watch=true", "Impersonate-User", "bob")
 	var s metav1.Status
 	if err := json.Unmarshal(body, &s); err != nil {
@@ -287,7 +288,7 @@ func TestWatchOpenRateRefusesOneCallersBurstOnly(t *testing.T) {
 	if w := resp.Header.Get("Warning"); !strings.Contains(w, "WatchOpenRate") || !strings.Contains(w, "--watch-open-burst-per-identity=3") {
 		t.Errorf("the agent's 4th watch carries Warning %q, want one naming WatchOpenRate and --watch-open-burst-per-identity=3", w)
 	}
-	if n := metricstest.CounterValue(t, guard.Rejections.WithLabelValues(GuardWatchOpenRate)) - before; n != 1 {
+	if n := metricstest.CounterValue(t, guard.Rejections.WithLabelValues(admit.GuardWatchOpenRate)) - before; n != 1 {
 		t.Errorf("watchgate_proxy_guard_rejections_total{reason=WatchOpenRate} grew by %v, want 1", n)
 	}
 	if resp, body := get(t, px, "alice", "/api/v1/namespaces/a/pods?watch=true"); resp.StatusCode != http.StatusOK {
@@ -312,16 +313,16 @@ func countOutcome(ended []ratelimit.Outcome, o ratelimit.Outcome) (n int) {
 // A WatchOpenRate refusal's Retry-After is the bucket's wait rounded up to
 // whole seconds, at least 1.
 func TestWatchOpenRateRetryAfterRoundsUp(t *testing.T) {
-	o := newWatchOpenRate(30, 1)
+	o := admit.NewWatchOpenRate(30, 1)
 	for wait, want := range map[time.Duration]string{time.Nanosecond: "1", 33 * time.Millisecond: "1", time.Second: "1", 1500 * time.Millisecond: "2"} {
 		w := httptest.NewRecorder()
-		o.refuse(w, httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true", nil), wait)
+		o.Refuse(w, httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true", nil), wait)
 		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != want ||
 			w.Header().Get(answer.DecisionHeader) != "reject; reason=WatchOpenRate; retry-after="+want {
 			t.Errorf("wait %v: HTTP %d, Retry-After %q, %q; want 429, %s", wait, w.Code, w.Header().Get("Retry-After"), w.Header().Get(answer.DecisionHeader), want)
 		}
 	}
-	if newWatchOpenRate(0, 300) != nil || newWatchOpenRate(30, 0) != nil {
+	if admit.NewWatchOpenRate(0, 300) != nil || admit.NewWatchOpenRate(30, 0) != nil {
 		t.Error("a ceiling with rate or burst 0, want none")
 	}
 }

@@ -107,3 +107,25 @@ func TestGuardSharesFairlyNearTheCap(t *testing.T) {
 	}
 }
 func noMemory() (uint64, uint64) { return 0, 0 }
+
+func TestGuardRefusalText(t *testing.T) {
+	g := New(4000, 1000, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	uncapped := New(0, 0, 90, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	for name, tc := range map[string]struct {
+		g      *Guard
+		reason string
+		want   string
+	}{
+		"the replica's watch cap":  {g, GuardMaxWatches, "it forwards --max-watches=4000 watches"},
+		"the cap per identity":     {g, GuardMaxWatchesPerIdentity, "you hold --max-watches-per-identity=1000 watches"},
+		"fair share near the cap":  {g, GuardFairShare, "near --max-watches=4000 or --memory-high-water-percent=85, you hold your fair share of the watches"},
+		"fair share without a cap": {uncapped, GuardFairShare, "near --memory-high-water-percent=90, you hold your fair share of the watches"},
+		"memory, sample not known": {g, GuardMemoryHighWater, "memory in use above --memory-high-water-percent=85"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := tc.g.RefusalText(tc.reason, nil); got != tc.want {
+				t.Errorf("RefusalText = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

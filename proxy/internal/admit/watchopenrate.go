@@ -1,4 +1,4 @@
-package proxy
+package admit
 
 import (
 	"fmt"
@@ -50,9 +50,9 @@ type watchOpenRate struct {
 	burst     int
 }
 
-// newWatchOpenRate returns the ceiling of perSecond opens per caller up to
+// NewWatchOpenRate returns the ceiling of perSecond opens per caller up to
 // burst, or nil (no ceiling) when either is 0 (or the rate infinite).
-func newWatchOpenRate(perSecond float64, burst int) *watchOpenRate {
+func NewWatchOpenRate(perSecond float64, burst int) *watchOpenRate {
 	if !(perSecond > 0) || math.IsInf(perSecond, 1) || burst <= 0 {
 		return nil
 	}
@@ -72,7 +72,7 @@ func (o *watchOpenRate) text() string {
 
 // refuse answers a watch open refused for wait with 429 and Retry-After:
 // the wait rounded up to whole seconds, at least 1.
-func (o *watchOpenRate) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+func (o *watchOpenRate) Refuse(w http.ResponseWriter, r *http.Request, wait time.Duration) {
 	retry := answer.RetryAfterSeconds(wait)
 	guard.Rejections.WithLabelValues(GuardWatchOpenRate).Inc()
 	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", GuardWatchOpenRate, "", retry))

@@ -1,4 +1,4 @@
-package proxy
+package admit
 
 import (
 	"container/list"
@@ -36,9 +36,9 @@ import (
 const (
 	// warningInterval is the least time between two warnings to one
 	// identity about one budget.
-	warningInterval = time.Minute
+	WarningInterval = time.Minute
 	// maxWarnedIdentities bounds the (identity, budget) pairs remembered.
-	maxWarnedIdentities = 16384
+	MaxWarnedIdentities = 16384
 	// guardWarnings is the budget under which guard refusals are
 	// remembered: no WatchBudget has this name ('/' is not allowed in one).
 	guardWarnings = "/guard"
@@ -49,19 +49,19 @@ const (
 // was warned about that budget within warningInterval; or, for an admitted
 // request without a Reason, the one owed for an earlier 429. Nothing when
 // a is not warning.
-func (a *admission) warn(w http.ResponseWriter, now time.Time, user string, v ratelimit.Verb, d *ratelimit.Decision) {
-	if a.warnings == nil || d.Budget == "" {
+func (a *Admission) warn(w http.ResponseWriter, now time.Time, user string, v ratelimit.Verb, d *ratelimit.Decision) {
+	if a.Warnings == nil || d.Budget == "" {
 		return
 	}
 	var text string
 	switch {
 	case d.Reason == ratelimit.ReasonNone:
-		r, ok := a.warnings.owed(user, d.Budget)
+		r, ok := a.Warnings.owed(user, d.Budget)
 		if !ok {
 			return
 		}
 		text = fmt.Sprintf("watchgate budget %q rejected an earlier %s: %s; retried after %ds", d.Budget, verbLabel(r.verb), r.reason.Text(), r.retryAfterSeconds)
-	case a.warnings.allow(now, user, d.Budget, retriedRejection(v, d)):
+	case a.Warnings.allow(now, user, d.Budget, retriedRejection(v, d)):
 		text = warningText(v, d)
 	default:
 		return
@@ -101,8 +101,8 @@ func warningText(v ratelimit.Verb, d *ratelimit.Decision) string {
 // a watch of caller at now (reason, with the memory sample s it decided
 // on), unless that caller was warned about a guard refusal within
 // warningInterval.
-func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *guard.MemorySample, retryAfter int) {
-	if a.warnings == nil || !a.warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: retryAfter}) {
+func (a *Admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reason string, s *guard.MemorySample, retryAfter int) {
+	if a.Warnings == nil || !a.Warnings.allow(now, caller, guardWarnings, &rejection{verb: ratelimit.VerbWatch, guard: reason, retryAfterSeconds: retryAfter}) {
 		return
 	}
 	text := fmt.Sprintf("watchgate refused this watch on this replica (%s: %s); retry after %ds", reason, a.refusalText(reason, s), retryAfter)
@@ -113,11 +113,11 @@ func (a *admission) warnGuard(w http.ResponseWriter, now time.Time, caller, reas
 
 // warnGuardOwed adds, to a watch of caller the guard admitted, the Warning
 // header owed for the guard's last refusal of that caller, if any.
-func (a *admission) warnGuardOwed(w http.ResponseWriter, caller string) {
-	if a.warnings == nil {
+func (a *Admission) warnGuardOwed(w http.ResponseWriter, caller string) {
+	if a.Warnings == nil {
 		return
 	}
-	r, ok := a.warnings.owed(caller, guardWarnings)
+	r, ok := a.Warnings.owed(caller, guardWarnings)
 	if !ok {
 		return
 	}
@@ -129,11 +129,11 @@ func (a *admission) warnGuardOwed(w http.ResponseWriter, caller string) {
 
 // refusalText says which limit of the replica refused a watch for reason:
 // the watch-open ceiling's, or the guard's.
-func (a *admission) refusalText(reason string, s *guard.MemorySample) string {
-	if reason == GuardWatchOpenRate && a.opens != nil {
-		return a.opens.text()
+func (a *Admission) refusalText(reason string, s *guard.MemorySample) string {
+	if reason == GuardWatchOpenRate && a.Opens != nil {
+		return a.Opens.text()
 	}
-	return a.guard.RefusalText(reason, s)
+	return a.Guard.RefusalText(reason, s)
 }
 
 // rejection is what a repeated warning says about a 429 (or a guard's 503).
@@ -182,7 +182,7 @@ type warned struct {
 	owed *rejection
 }
 
-func newWarningLimiter(interval time.Duration, max int) *warningLimiter {
+func NewWarningLimiter(interval time.Duration, max int) *warningLimiter {
 	return &warningLimiter{interval: interval, max: max, seed: maphash.MakeSeed(), byKey: make(map[uint64]*list.Element)}
 }
 

@@ -1,4 +1,4 @@
-package proxy
+package admit
 
 import (
 	"context"
@@ -20,35 +20,43 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// admission asks the engine about every watch and list and answers the
+// Admission asks the engine about every watch and list and answers the
 // rejected ones itself.
-type admission struct {
-	engine  Engine
-	clock   clock.Clock
-	watches *relay.OpenWatches
-	log     *sampledlog.Logger
+type Admission struct {
+	Engine  Engine
+	Clock   clock.Clock
+	Watches *relay.OpenWatches
+	Log     *sampledlog.Logger
 	// maxDelay caps the wait before a rejection is answered; delaySlots
 	// caps how many rejections wait at once.
-	maxDelay   time.Duration
-	delaySlots chan struct{}
+	MaxDelay   time.Duration
+	DelaySlots chan struct{}
 	// coalescer holds back followers, concurrent watches from one
 	// resourceVersion, while their leader asks the API server (nil: none
 	// are held); quietWindow and followerWait are its timings.
-	coalescer    *coalesce.Coalescer
-	quietWindow  time.Duration
-	followerWait time.Duration
+	Coalescer    *coalesce.Coalescer
+	QuietWindow  time.Duration
+	FollowerWait time.Duration
 	// guard, when not nil, shares the replica's watches among the callers
 	// (see watchGuard); it decides after the budget.
-	guard *guard.Guard
+	Guard *guard.Guard
 	// opens, when not nil, caps how fast each caller opens watches that
 	// go upstream (see watchOpenRate); it decides after the guard.
-	opens *watchOpenRate
+	Opens *watchOpenRate
 	// warnings, when not nil, limits the Warning headers that tell clients
 	// what a budget did (see warn).
-	warnings *warningLimiter
+	Warnings *warningLimiter
 }
 
-// withAdmission decides every budgeted request (see classify) with the
+// Engine is what admission asks and tells the engine (a
+// *ratelimit.Engine).
+type Engine interface {
+	Decide(now time.Time, r *ratelimit.Request) ratelimit.Decision
+	WatchEnded(now time.Time, w ratelimit.Watch, lifetime time.Duration, outcome ratelimit.Outcome)
+	StaleVersionSeen(now time.Time, group, resource, resourceVersion string)
+}
+
+// WithAdmission decides every budgeted request (see classify) with the
 // engine; everything else passes untouched. A rejected watch or list is
 // answered after a short delay (the engine's retry-after, at most maxDelay,
 // cut short when the client leaves): a stale watch with a 200 ERROR/410
@@ -59,7 +67,7 @@ type admission struct {
 // delay. Last, a watch about to go upstream takes one of its caller's watch
 // opens (watchOpenRate); refused, it gives its place back and is answered
 // 429 at once.
-func withAdmission(a *admission, next http.Handler) http.Handler {
+func WithAdmission(a *Admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := request.ClassificationFrom(r.Context())
 		id, idOK := request.IdentityFrom(r.Context())
@@ -70,8 +78,8 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 		}
 		caller := request.CallerName(r.Context())
 		var lead *coalesce.Leader
-		if k, ok := coalesce.KeyOf(c); ok && a.coalescer != nil {
-			if lead, ok = a.coalescer.Coalesce(r.Context(), k, caller, a.followerWait); !ok {
+		if k, ok := coalesce.KeyOf(c); ok && a.Coalescer != nil {
+			if lead, ok = a.Coalescer.Coalesce(r.Context(), k, caller, a.FollowerWait); !ok {
 				return // the client left
 			}
 		}
@@ -84,7 +92,7 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 				lead.HandOver()
 			}
 		}()
-		start := a.clock.Now()
+		start := a.Clock.Now()
 		d := a.decide(w, r, c, id, start)
 		switch {
 		case !d.Allowed:
@@ -99,29 +107,29 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
-			if a.guard != nil {
-				reason, mem := a.guard.Admit(a.guard.Clock.Now(), caller)
+			if a.Guard != nil {
+				reason, mem := a.Guard.Admit(a.Guard.Clock.Now(), caller)
 				if reason != "" {
 					a.notForwarded(&d, lead)
-					a.warnGuard(w, a.clock.Now(), caller, reason, mem, guard.RetryAfterSeconds)
-					a.guard.Refuse(w, r, reason, mem)
+					a.warnGuard(w, a.Clock.Now(), caller, reason, mem, guard.RetryAfterSeconds)
+					a.Guard.Refuse(w, r, reason, mem)
 					return
 				}
 			}
-			if a.opens != nil {
-				if wait, ok := a.opens.allow(a.clock.Now(), caller); !ok {
-					if a.guard != nil {
-						a.guard.Release(caller)
+			if a.Opens != nil {
+				if wait, ok := a.Opens.allow(a.Clock.Now(), caller); !ok {
+					if a.Guard != nil {
+						a.Guard.Release(caller)
 					}
 					a.notForwarded(&d, lead)
-					a.warnGuard(w, a.clock.Now(), caller, GuardWatchOpenRate, nil, answer.RetryAfterSeconds(wait))
-					a.opens.refuse(w, r, wait)
+					a.warnGuard(w, a.Clock.Now(), caller, GuardWatchOpenRate, nil, answer.RetryAfterSeconds(wait))
+					a.Opens.Refuse(w, r, wait)
 					return
 				}
 			}
 			var release func()
-			if a.guard != nil {
-				release = func() { a.guard.Release(caller) }
+			if a.Guard != nil {
+				release = func() { a.Guard.Release(caller) }
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
@@ -134,8 +142,8 @@ func withAdmission(a *admission, next http.Handler) http.Handler {
 
 // notForwarded ends a watch its budget admitted (d) and that is refused
 // after all: its slot goes back, and its followers need not wait.
-func (a *admission) notForwarded(d *ratelimit.Decision, lead *coalesce.Leader) {
-	a.engine.WatchEnded(a.clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
+func (a *Admission) notForwarded(d *ratelimit.Decision, lead *coalesce.Leader) {
+	a.Engine.WatchEnded(a.Clock.Now(), d.Watch, 0, ratelimit.OutcomeNotForwarded)
 	if lead != nil {
 		lead.HandOver()
 	}
@@ -155,7 +163,7 @@ func (a *admission) notForwarded(d *ratelimit.Decision, lead *coalesce.Leader) {
 // watchgate's CPU in a run of watch opens).
 //
 //go:noinline
-func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *request.Classification, id user.Info, start time.Time) ratelimit.Decision {
+func (a *Admission) decide(w http.ResponseWriter, r *http.Request, c *request.Classification, id user.Info, start time.Time) ratelimit.Decision {
 	req := ratelimit.Request{
 		User:                 id.GetName(),
 		Groups:               id.GetGroups(),
@@ -176,9 +184,9 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *request.Cl
 			req.Caller, req.CallerGroups = caller.GetName(), caller.GetGroups()
 		}
 	}
-	d := a.engine.Decide(start, &req)
+	d := a.Engine.Decide(start, &req)
 	verb := verbLabel(c.Verb)
-	decisionSecondsOf(c.Verb).Observe(a.clock.Since(start).Seconds())
+	decisionSecondsOf(c.Verb).Observe(a.Clock.Since(start).Seconds())
 	decision := decisionLabel(d)
 	requestsTotal.WithLabelValues(verb, decision, string(d.Reason), d.Budget, string(d.Enforcement)).Inc()
 	if d.Budget != "" {
@@ -186,7 +194,7 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *request.Cl
 	}
 	a.warn(w, start, id.GetName(), c.Verb, &d)
 	if d.Reason != ratelimit.ReasonNone {
-		a.log.Info("Decision", "decision", decision, "reason", d.Reason, "budget", d.Budget, "user", id.GetName(),
+		a.Log.Info("Decision", "decision", decision, "reason", d.Reason, "budget", d.Budget, "user", id.GetName(),
 			"verb", verb, "group", c.APIGroup, "resource", c.Resource, "namespace", c.Namespace,
 			"resourceVersion", c.ResourceVersion, "retryAfter", d.RetryAfter)
 	}
@@ -194,10 +202,10 @@ func (a *admission) decide(w http.ResponseWriter, r *http.Request, c *request.Cl
 }
 
 // reject answers a rejected watch or list after a short delay (see
-// withAdmission). Out of line for the reason decide is.
+// WithAdmission). Out of line for the reason decide is.
 //
 //go:noinline
-func (a *admission) reject(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision) {
+func (a *Admission) reject(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision) {
 	if !a.delay(r.Context(), d.RetryAfter) {
 		return // the client left
 	}
@@ -235,24 +243,24 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // handed over, also when the proxy panics out of the stream
 // (http.ErrAbortHandler). Under withRelayAtTop the relay and the end run
 // there, after the filters have returned; otherwise here.
-func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), next http.Handler) {
+func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
-	ws := relay.NewWatch(a.engine, a.clock, a.log, c, *d, start, r.Context(), cancel)
+	ws := relay.NewWatch(a.Engine, a.Clock, a.Log, c, *d, start, r.Context(), cancel)
 	var verdict relay.VersionVerdict
 	if lead != nil {
 		verdict = lead
 	}
 	var windows relay.QuietWindows
-	if a.coalescer != nil {
-		windows = a.coalescer
+	if a.Coalescer != nil {
+		windows = a.Coalescer
 	}
-	ws.AskFor(verdict, windows, a.quietWindow)
+	ws.AskFor(verdict, windows, a.QuietWindow)
 	added := false
 	end := func() {
 		if added {
 			activeWatches.Dec()
-			a.watches.Remove(ws)
+			a.Watches.Remove(ws)
 		}
 		ws.End()
 		cancel()
@@ -269,7 +277,7 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 			end()
 		}
 	}()
-	if !a.watches.Add(ws) {
+	if !a.Watches.Add(ws) {
 		answer.WriteStatus(w, r, answer.ServiceUnavailable(answer.ShuttingDownMessage, 1))
 		return
 	}
@@ -298,18 +306,18 @@ func (a *admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 
 // delay waits min(retryAfter, maxDelay) unless too many rejections are
 // already waiting; it returns false when the client left meanwhile.
-func (a *admission) delay(ctx context.Context, retryAfter time.Duration) bool {
-	d := min(retryAfter, a.maxDelay)
+func (a *Admission) delay(ctx context.Context, retryAfter time.Duration) bool {
+	d := min(retryAfter, a.MaxDelay)
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
 	select {
-	case a.delaySlots <- struct{}{}:
-		defer func() { <-a.delaySlots }()
+	case a.DelaySlots <- struct{}{}:
+		defer func() { <-a.DelaySlots }()
 	default:
 		return ctx.Err() == nil
 	}
-	t := a.clock.NewTimer(d)
+	t := a.Clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C():
