@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/watchgate/watchgate/internal/cputime"
 )
 
 // eventAmongIdle is a JSON watch event of a small ConfigMap, as
@@ -123,7 +125,7 @@ func BenchmarkEventAmongIdleWatches(b *testing.B) {
 			time.Sleep(100 * time.Millisecond) // the idle watches' last frames settle
 
 			b.ResetTimer()
-			cpu0 := cpuTime()
+			cpu0 := cputime.Process()
 			for i := range b.N {
 				k := i % conns
 				next[k] <- struct{}{}
@@ -132,7 +134,7 @@ func BenchmarkEventAmongIdleWatches(b *testing.B) {
 					b.Fatalf("event %d: %d bytes (%v), want %d", i, len(line), err, len(eventAmongIdle))
 				}
 			}
-			perEvent := float64((cpuTime() - cpu0).Microseconds()) / float64(b.N)
+			perEvent := float64((cputime.Process() - cpu0).Microseconds()) / float64(b.N)
 			b.StopTimer()
 			b.ReportMetric(perEvent, "cpu-µs/event")
 			if !path.proxied {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchgate/watchgate/internal/cputime"
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
@@ -165,7 +166,7 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 	g0 := runtime.NumGoroutine()
 
 	bodies := make([]io.Closer, n)
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	var wg sync.WaitGroup
 	for w := range idleWatchConnections {
 		wg.Go(func() {
@@ -175,7 +176,7 @@ func holdIdleWatches(b *testing.B, srv *httptest.Server, n int, name string) idl
 		})
 	}
 	wg.Wait()
-	openCPU := cpuTime() - cpu0
+	openCPU := cputime.Process() - cpu0
 	time.Sleep(100 * time.Millisecond) // the streams' last frames settle
 	runtime.GC()
 	runtime.ReadMemStats(&after)

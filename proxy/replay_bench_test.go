@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchgate/watchgate/internal/cputime"
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/streamtest"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
@@ -34,7 +35,7 @@ func BenchmarkWatchReplayThroughProxy(b *testing.B) {
 	b.Cleanup(up.Close)
 	px := newTestProxyTo(b, &enginetest.Engine{}, upstreamtest.Trusting(up))
 	client := &http.Client{}
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		req, _ := http.NewRequest(http.MethodGet, px.URL+"/api/v1/namespaces/bench/configmaps?watch=true", nil)
 		req.Header.Set("Authorization", "Bearer alice")
@@ -45,5 +46,5 @@ func BenchmarkWatchReplayThroughProxy(b *testing.B) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
 	}
-	b.ReportMetric(float64((cpuTime()-cpu0)/time.Nanosecond)/float64(b.N)/3000, "cpu-ns/event")
+	b.ReportMetric(float64((cputime.Process()-cpu0)/time.Nanosecond)/float64(b.N)/3000, "cpu-ns/event")
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/watchgate/watchgate/internal/cputime"
 )
 
 // benchPolicy is a realistic policy: an exempt budget, one for controllers
@@ -54,7 +56,7 @@ func BenchmarkDecide(b *testing.B) {
 			now := t0
 			e.Decide(now, &r)
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			for b.Loop() {
 				now = now.Add(10 * time.Millisecond)
 				d := e.Decide(now, &r)
@@ -75,7 +77,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 	e := benchEngine(b)
 	var next atomic.Int64
 	b.ReportAllocs()
-	cpu := cpuTime()
+	cpu := cputime.Process()
 	defer reportCPU(b, cpu)
 	b.RunParallel(func(pb *testing.PB) {
 		r := benchRequest(fmt.Sprint("system:serviceaccount:team-a:agent-", next.Add(1)), VerbWatch)
@@ -131,7 +133,7 @@ func reportCPU(b *testing.B, cpu time.Duration) {
 	if cpu == 0 || b.N == 0 {
 		return
 	}
-	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N), "cpu-ns/op")
 }
 
 // BenchmarkBackoffKeyMemory reports the heap held per backoff key, over

@@ -1,16 +1,16 @@
 //go:build unix
 
-package ratelimit
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the CPU time this process has used, or 0 when unknown.
+// Process is the CPU time this process has used, or 0 when unknown.
 // Benchmarks report it per op besides ns/op: on a shared machine wall time
 // also counts the time other processes held the CPU, CPU time does not.
-func cpuTime() time.Duration {
+func Process() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
