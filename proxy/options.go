@@ -198,6 +198,18 @@ type Options struct {
 	Reviews *rest.Config
 }
 
+// negatives reports each of values below zero, in the order of their
+// names.
+func negatives[T time.Duration | int | float64](values map[string]T) []error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(values)) {
+		if v := values[name]; v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, v))
+		}
+	}
+	return errs
+}
+
 // Validate reports every problem with the options at once, always in the
 // same order: the required fields, then the negative durations, counts and
 // rates, each kind in the order of its names.
@@ -226,11 +238,7 @@ func (o *Options) Validate() error {
 		"reviewTimeout":                 o.ReviewTimeout,
 		"serviceAccountKeysRefresh":     o.ServiceAccountKeysRefreshInterval,
 	}
-	for _, name := range slices.Sorted(maps.Keys(durations)) {
-		if d := durations[name]; d < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, d))
-		}
-	}
+	errs = append(errs, negatives(durations)...)
 	counts := map[string]int{
 		"maxHeaderBytes":                 o.MaxHeaderBytes,
 		"maxConcurrentStreams":           o.MaxConcurrentStreams,
@@ -246,22 +254,14 @@ func (o *Options) Validate() error {
 		"maxConnections":                 o.MaxConnections,
 		"watchOpenBurstPerIdentity":      o.WatchOpenBurstPerIdentity,
 	}
-	for _, name := range slices.Sorted(maps.Keys(counts)) {
-		if n := counts[name]; n < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", name, n))
-		}
-	}
+	errs = append(errs, negatives(counts)...)
 	rates := map[string]float64{
 		"reviewsPerSecond":                       o.ReviewsPerSecond,
 		"tokenReviewsPerClientPerSecond":         o.TokenReviewsPerClientPerSecond,
 		"impersonationReviewsPerCallerPerSecond": o.ImpersonationReviewsPerCallerPerSecond,
 		"watchOpensPerIdentityPerSecond":         o.WatchOpensPerIdentityPerSecond,
 	}
-	for _, name := range slices.Sorted(maps.Keys(rates)) {
-		if f := rates[name]; f < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, f))
-		}
-	}
+	errs = append(errs, negatives(rates)...)
 	switch o.ReviewFailurePolicy {
 	case "", review.FailClosed, review.FailOpen:
 	default:
