@@ -29,10 +29,10 @@ type step struct {
 }
 
 // steps is the filter chain, outermost first, with the admission filter's
-// sub-steps in the order withAdmission runs them:
+// sub-steps in the order admit.WithAdmission runs them:
 //
 //   - the relay at the top comes first, so that an admitted watch's stream
-//     is relayed once every filter below has returned (relayattop.go);
+//     is relayed once every filter below has returned (relay.WithRelayAtTop);
 //   - authentication before anything that reads the caller; the top
 //     endpoint's paths are answered right after it, never classified or
 //     forwarded;
@@ -57,11 +57,11 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 			return identity.WithBudgetIdentity(impersonation, policy, identity.ChargesOf(adm.Engine), logs, next)
 		}},
 		{"Coalesce", func(next http.Handler) http.Handler { return admit.WithAdmission(adm, next) }},
-		{"Admit", nil},             // withAdmission: engine.Decide
-		{"Guard the replica", nil}, // withAdmission: watchGuard.admit
-		{"Limit watch opens", nil}, // withAdmission: watchOpenRate.allow
-		{"Forward", nil},           // forward, the reverse proxy
-		{"Stream and learn", nil},  // watchState.relay, from withRelayAtTop
+		{"Admit", nil},             // admit.WithAdmission: engine.Decide
+		{"Guard the replica", nil}, // admit.WithAdmission: guard.Guard.Admit
+		{"Limit watch opens", nil}, // admit.WithAdmission: the watch open rate
+		{"Forward", nil},           // forward: upstream.NewReverseProxy
+		{"Stream and learn", nil},  // relay.Watch.Relay, from relay.WithRelayAtTop
 	}
 }
 

@@ -45,6 +45,7 @@
 //	internal/inspect    reading watch streams (JSON, protobuf, gzip): a new stream format
 //	internal/upstream   the reverse proxy, its transport and pool, watchgate's HTTP/2 watch client:
 //	                    a new upstream setting
+//	internal/serve      how the Server listens: its certificate, the connection limits, HTTP/2
 //	internal/answer     Status bodies, the decision header, the local stale-version answer
 //	internal/sampledlog the rate-limited logger
 //

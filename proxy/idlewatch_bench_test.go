@@ -19,6 +19,7 @@ import (
 
 	"github.com/watchgate/watchgate/internal/cputime"
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
+	"github.com/watchgate/watchgate/proxy/internal/serve"
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
@@ -105,7 +106,7 @@ func benchPaths(b *testing.B, upstream *httptest.Server) []benchPath {
 		name    string
 		handler http.Handler
 		serve   func(*http.Server, http.Handler) error
-	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &enginetest.Engine{}, upstreamtest.Trusting(upstream)).Config.Handler, serveHTTP2}} {
+	}{{"bare", bare, nil}, {"watchgate", newTestProxyTo(b, &enginetest.Engine{}, upstreamtest.Trusting(upstream)).Config.Handler, serve.HTTP2}} {
 		srv := httptest.NewUnstartedServer(p.handler)
 		srv.EnableHTTP2 = true
 		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}

@@ -5,6 +5,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/review"
+	"github.com/watchgate/watchgate/proxy/internal/serve"
 )
 
 // DecisionHeader names the decision, its reason and the budget on every
@@ -84,3 +85,7 @@ func DefaultMaxWatchesPerIdentity(maxWatches int) int {
 
 // RuntimeMemory is the default MemoryReader (see guard.RuntimeMemory).
 func RuntimeMemory() (inUse, limit uint64) { return guard.RuntimeMemory() }
+
+// DefaultMaxConnections is main's --max-connections (see
+// serve.DefaultMaxConnections).
+const DefaultMaxConnections = serve.DefaultMaxConnections

@@ -28,6 +28,7 @@ import (
 	"github.com/watchgate/watchgate/proxy/internal/relay"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/proxy/internal/sampledlog"
+	"github.com/watchgate/watchgate/proxy/internal/serve"
 	"github.com/watchgate/watchgate/proxy/internal/top"
 	"github.com/watchgate/watchgate/proxy/internal/upstream"
 )
@@ -44,7 +45,7 @@ type Server struct {
 	opts     Options
 	log      logr.Logger
 	handler  http.Handler
-	cert     *servingCertificate
+	cert     *serve.Certificate
 	watches  *relay.OpenWatches
 	client   kubernetes.Interface
 	errorLog *log.Logger
@@ -103,7 +104,7 @@ func NewServer(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cert, err := newServingCertificate(o.CertFile, o.KeyFile)
+	cert, err := serve.NewCertificate(o.CertFile, o.KeyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +187,7 @@ func (s *Server) UpstreamConnections() int { return int(s.upstreamConns.Open.Loa
 
 // GeneratedCertificate returns the PEM of the generated serving certificate
 // and its CA when no certificate files were given, else nil.
-func (s *Server) GeneratedCertificate() []byte { return s.cert.generatedCA }
+func (s *Server) GeneratedCertificate() []byte { return s.cert.GeneratedCA }
 
 // ReadyCheck is a healthz.Checker for the manager's /readyz: ready while
 // the proxy serves, the API server's /readyz answers, and shutdown has not
@@ -210,7 +211,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("proxy listen on %s: %w", s.opts.BindAddress, err)
 	}
-	ln = limitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/connectionsPerNetworkDivisor)
+	ln = serve.LimitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/serve.ConnectionsPerNetworkDivisor)
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: s.opts.ReadHeaderTimeout,
@@ -219,14 +220,14 @@ func (s *Server) Start(ctx context.Context) error {
 		ErrorLog:          s.errorLog,
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
-			GetCertificate: s.cert.getCertificate,
+			GetCertificate: s.cert.GetCertificate,
 		},
 		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: s.opts.MaxConcurrentStreams},
 	}
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetHTTP2(true)
-	if err := serveHTTP2(srv, s.handler); err != nil {
+	if err := serve.HTTP2(srv, s.handler); err != nil {
 		return fmt.Errorf("proxy HTTP/2: %w", err)
 	}
 
@@ -234,9 +235,9 @@ func (s *Server) Start(ctx context.Context) error {
 	defer wg.Wait()
 	bg, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
-	if s.cert.watch != nil {
+	if s.cert.Watch != nil {
 		wg.Go(func() {
-			if err := s.cert.watch(bg); err != nil {
+			if err := s.cert.Watch(bg); err != nil {
 				s.log.Error(err, "Serving certificate watcher stopped")
 			}
 		})

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/util/cert"
 
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
+	"github.com/watchgate/watchgate/proxy/internal/serve"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -160,8 +161,8 @@ func TestServingCertificateReloads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	served := func(sc *servingCertificate) string {
-		c, err := sc.getCertificate(nil)
+	served := func(sc *serve.Certificate) string {
+		c, err := sc.GetCertificate(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,13 +173,13 @@ func TestServingCertificateReloads(t *testing.T) {
 		return parsed.Subject.CommonName
 	}
 	write("first")
-	sc, err := newServingCertificate(certFile, keyFile)
+	sc, err := serve.NewCertificate(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { _ = sc.watch(ctx); close(done) }()
+	go func() { _ = sc.Watch(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	if got := served(sc); !strings.HasPrefix(got, "first") {
 		t.Fatalf("serving %q, want the first certificate", got)

@@ -1,4 +1,4 @@
-package proxy
+package serve
 
 import (
 	"context"
@@ -11,24 +11,24 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 )
 
-// servingCertificate is where the TLS server gets its certificate: files
+// Certificate is where the TLS server gets its certificate: files
 // reloaded when they change (certwatcher), or a pair generated at start.
-type servingCertificate struct {
-	getCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+type Certificate struct {
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// watch runs until ctx ends; nil for a generated pair.
-	watch func(ctx context.Context) error
+	Watch func(ctx context.Context) error
 	// generatedCA is the PEM of the generated pair's certificates (serving
 	// certificate and its self-signed CA); empty for files.
-	generatedCA []byte
+	GeneratedCA []byte
 }
 
-func newServingCertificate(certFile, keyFile string) (*servingCertificate, error) {
+func NewCertificate(certFile, keyFile string) (*Certificate, error) {
 	if certFile != "" {
 		w, err := certwatcher.New(certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("load serving certificate: %w", err)
 		}
-		return &servingCertificate{getCertificate: w.GetCertificate, watch: w.Start}, nil
+		return &Certificate{GetCertificate: w.GetCertificate, Watch: w.Start}, nil
 	}
 	host, _ := os.Hostname()
 	dns := []string{"localhost", "watchgate"}
@@ -43,8 +43,8 @@ func newServingCertificate(certFile, keyFile string) (*servingCertificate, error
 	if err != nil {
 		return nil, fmt.Errorf("generated serving certificate: %w", err)
 	}
-	return &servingCertificate{
-		getCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &pair, nil },
-		generatedCA:    certPEM,
+	return &Certificate{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &pair, nil },
+		GeneratedCA:    certPEM,
 	}, nil
 }

@@ -1,4 +1,4 @@
-package proxy
+package serve
 
 import (
 	"net"
@@ -30,10 +30,10 @@ var (
 
 func init() { metrics.Registry.MustRegister(openConnections, refusedConnections) }
 
-// connectionsPerNetworkDivisor derives the connections one client network
+// ConnectionsPerNetworkDivisor derives the connections one client network
 // may hold: a quarter of --max-connections, so that one network (a node's
 // pods, clients behind one SNAT, one IPv6 /64) never takes them all.
-const connectionsPerNetworkDivisor = 4
+const ConnectionsPerNetworkDivisor = 4
 
 // limitListener accepts at most n connections at once: Accept blocks while
 // n are open, and a connection frees its place when it is closed, so
@@ -52,10 +52,10 @@ type limitListener struct {
 	byNetwork map[string]int // guarded by mu
 }
 
-// limitConnections wraps ln with a cap of n connections, at most
+// LimitConnections wraps ln with a cap of n connections, at most
 // perNetwork of them from one network (0: no such share); n <= 0 returns
 // ln unchanged.
-func limitConnections(ln net.Listener, n, perNetwork int) net.Listener {
+func LimitConnections(ln net.Listener, n, perNetwork int) net.Listener {
 	if n <= 0 {
 		return ln
 	}

@@ -1,4 +1,4 @@
-package proxy
+package serve
 
 import (
 	"net"
@@ -15,7 +15,7 @@ func TestLimitConnectionsHoldsTheCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := limitConnections(inner, 2, 0)
+	ln := LimitConnections(inner, 2, 0)
 	defer ln.Close()
 	accepted := make(chan net.Conn, 3)
 	go func() {
@@ -63,7 +63,7 @@ func TestLimitConnectionsSharesPerNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := limitConnections(inner, 8, 2)
+	ln := LimitConnections(inner, 8, 2)
 	defer ln.Close()
 	accepted := make(chan net.Conn, 8)
 	go func() {

@@ -1,4 +1,4 @@
-package proxy
+package serve
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// serveHTTP2 makes srv serve HTTP/2 with golang.org/x/net/http2, calling
+// HTTP2 makes srv serve HTTP/2 with golang.org/x/net/http2, calling
 // handler directly for every stream, with srv's settings and graceful
 // shutdown (GOAWAY on srv.Shutdown).
 //
@@ -32,7 +32,7 @@ import (
 // most of the CPU an event cost at 50,000 watches. The random scheduler
 // keeps only the streams that have frames queued. Watches ask for no
 // priority.
-func serveHTTP2(srv *http.Server, handler http.Handler) error {
+func HTTP2(srv *http.Server, handler http.Handler) error {
 	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} // its settings come from srv.HTTP2
 	if err := http2.ConfigureServer(srv, h2); err != nil {
 		return err
