@@ -161,7 +161,7 @@ type Options struct {
 	// one caller never fills a replica (none without MaxWatches); at most
 	// MaxWatches. Near MaxWatches
 	// or the memory mark each caller is also held to its fair share (see
-	// watchGuard).
+	// guard.Guard).
 	MaxWatchesPerIdentity int
 	// WatchOpensPerIdentityPerSecond and WatchOpenBurstPerIdentity cap how
 	// fast one caller (authenticated identity, whoever it impersonates)

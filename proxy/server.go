@@ -85,7 +85,7 @@ func NewServer(opts Options) (*Server, error) {
 
 	// The proxy's own clients: TokenReviews, SubjectAccessReviews and
 	// service-account keys (Reviews), the readiness probe (Upstream).
-	// Reviews are rate limited by reviewCache, so the clients' own
+	// Reviews are rate limited by review.Cache, so the clients' own
 	// limiters are off.
 	own := rest.CopyConfig(o.Reviews)
 	own.QPS, own.Burst = -1, -1

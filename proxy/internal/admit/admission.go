@@ -38,7 +38,7 @@ type Admission struct {
 	QuietWindow  time.Duration
 	FollowerWait time.Duration
 	// guard, when not nil, shares the replica's watches among the callers
-	// (see watchGuard); it decides after the budget.
+	// (see guard.Guard); it decides after the budget.
 	Guard *guard.Guard
 	// opens, when not nil, caps how fast each caller opens watches that
 	// go upstream (see watchOpenRate); it decides after the guard.
@@ -62,7 +62,7 @@ type Engine interface {
 // cut short when the client leaves): a stale watch with a 200 ERROR/410
 // stream, anything else with 429 and Retry-After. An admitted watch then
 // asks the watch guard for a place on the replica, and is followed to its
-// end (watchState). So a watch holds a guard place only once its budget
+// end (relay.Watch). So a watch holds a guard place only once its budget
 // admitted it: never while it follows a leader, nor through a rejection's
 // delay. Last, a watch about to go upstream takes one of its caller's watch
 // opens (watchOpenRate); refused, it gives its place back and is answered
@@ -241,7 +241,7 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // the engine hears of its end, its place in the watch guard goes back
 // (release, when not nil) and its followers, when it leads (lead), are
 // handed over, also when the proxy panics out of the stream
-// (http.ErrAbortHandler). Under withRelayAtTop the relay and the end run
+// (http.ErrAbortHandler). Under relay.WithRelayAtTop the relay and the end run
 // there, after the filters have returned; otherwise here.
 func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), next http.Handler) {
 	st, r := request.StateOf(r)

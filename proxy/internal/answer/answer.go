@@ -35,7 +35,7 @@ func newMetaScheme() *runtime.Scheme {
 	return s
 }
 
-// writeStatus answers with err's Status in the media type the client accepts
+// WriteStatus answers with err's Status in the media type the client accepts
 // (JSON when it accepts nothing the proxy speaks), with Retry-After when the
 // Status carries retryAfterSeconds, as kube-apiserver does.
 func WriteStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusError) {
@@ -66,10 +66,10 @@ func WriteStatus(w http.ResponseWriter, r *http.Request, err *apierrors.StatusEr
 // shuttingDownMessage answers requests that come while the proxy closes.
 const ShuttingDownMessage = "watchgate is shutting down, please try again"
 
-// serviceUnavailable is the 503 Status the proxy answers when it cannot
+// ServiceUnavailable is the 503 Status the proxy answers when it cannot
 // serve a request now (shutting down, near its memory limit, API server or
 // reviews unreachable), with details.retryAfterSeconds, so that
-// writeStatus adds Retry-After and client-go retries after that long.
+// WriteStatus adds Retry-After and client-go retries after that long.
 func ServiceUnavailable(message string, retryAfterSeconds int) *apierrors.StatusError {
 	e := apierrors.NewServiceUnavailable(message)
 	e.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: int32(retryAfterSeconds)}
@@ -149,7 +149,7 @@ func watchContentType(mediaType string) string {
 	}
 }
 
-// retryAfterSeconds is d in whole seconds for Retry-After, rounded up, at
+// RetryAfterSeconds is d in whole seconds for Retry-After, rounded up, at
 // least 1.
 func RetryAfterSeconds(d time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))

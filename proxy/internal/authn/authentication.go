@@ -178,7 +178,7 @@ const (
 	RecentTokensShare = 0.25
 )
 
-// CachedTokens wraps a token authenticator with a reviewCache. Tokens are
+// CachedTokens wraps a token authenticator with a review.Cache. Tokens are
 // keyed by HMAC-SHA256 with a random key, so the cache holds no token and
 // its keys cannot be precomputed. Tokens found valid are also remembered
 // in recent (by key, for recentTTL, bounded in count; nil: none): when

@@ -54,7 +54,7 @@ var Access = authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attr
 })
 
 // WithCaller returns a context whose request state names u as the caller,
-// as withAuthentication leaves it.
+// as authn.WithAuthentication leaves it.
 func WithCaller(ctx context.Context, u user.Info) context.Context {
 	return request.WithState(ctx, &request.State{Caller: u})
 }

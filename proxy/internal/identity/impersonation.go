@@ -221,12 +221,12 @@ type authorizerAnswer struct {
 	reason   string
 }
 
-// CachedAuthorizer wraps an authorizer with a reviewCache keyed by the
+// CachedAuthorizer wraps an authorizer with a review.Cache keyed by the
 // user's full identity and the attributes checked. Each caller (the
 // attributes' user) spends its own review budget; callers that were
 // allowed to impersonate users or groups (earnsPrivilege) within the last
 // knownImpersonatorTTL skip the
-// shared bucket (fairReviews), so a flood from callers without rights
+// shared bucket (review.Budget), so a flood from callers without rights
 // cannot starve an authorised agent's checks. known holds those callers,
 // by hash, bounded in count.
 func CachedAuthorizer(inner authorizer.Authorizer, cache *review.Cache, known *utilcache.LRUExpireCache, ttl, negativeTTL time.Duration) authorizer.Authorizer {

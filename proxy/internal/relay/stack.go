@@ -7,7 +7,7 @@ package relay
 const handlerStackReserve = 4 << 10
 
 // growStack takes a frame of handlerStackReserve bytes, so that the
-// runtime grows the stack to fit it on entry. withRelayAtTop calls it
+// runtime grows the stack to fit it on entry. WithRelayAtTop calls it
 // first, while the stack holds a few frames.
 //
 // A new goroutine starts with the runtime's adaptive starting stack: the
@@ -18,7 +18,7 @@ const handlerStackReserve = 4 << 10
 // measured 5 µs before authentication and 8 µs inside the wait for a
 // pending version (at 2 KiB), of the ~50 µs watchgate spent before
 // forwarding. One growth at the top costs under 1 µs. An idle watch's
-// stack shrinks back to 4 KiB at a garbage collection (withRelayAtTop).
+// stack shrinks back to 4 KiB at a garbage collection (WithRelayAtTop).
 //
 //go:noinline
 func growStack() {

@@ -10,7 +10,7 @@ import (
 // State is what the filters learn about a request, each filling in
 // its own field for the filters after it: who the token belongs to, whose
 // budget the request spends, its classification, and, for an admitted
-// watch, its watchState. It rides in the request's context once, put there
+// watch, its relay.Watch. It rides in the request's context once, put there
 // by the first filter that learns something: a context value and a copy of
 // the request per filter would cost every request (and every open watch,
 // which keeps them) a few hundred bytes more.
@@ -22,7 +22,7 @@ type State struct {
 	Identity       user.Info // whose budget the request spends, when impersonating; nil: the caller
 	classification *Classification
 	Watch          AdmittedWatch // an admitted watch; nil for every other request
-	// relayAtTop is set by withRelayAtTop, the chain's first filter: an
+	// relayAtTop is set by relay.WithRelayAtTop, the chain's first filter: an
 	// admitted watch then leaves its stream's relay, and the end of the
 	// watch, in relay for that filter to run once every filter below it
 	// has returned: relay(true) relays the stream, then ends the watch;
@@ -80,7 +80,7 @@ func CallerName(ctx context.Context) string {
 }
 
 // ImpersonatedFrom reports whether the budget identity is an impersonated
-// one (withBudgetIdentity honoured the headers).
+// one (identity.WithBudgetIdentity honoured the headers).
 func ImpersonatedFrom(ctx context.Context) bool {
 	s := requestStateFrom(ctx)
 	return s != nil && s.Identity != nil

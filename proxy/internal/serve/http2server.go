@@ -15,7 +15,7 @@ import (
 // net/http's own HTTP/2 server calls the handler through two wrappers of
 // its own (initALPNRequest and serverHandler), 480 bytes of stack above
 // it for the life of every request: for an idle watch, enough to keep its
-// goroutine's stack at 8 KiB instead of 4 (withRelayAtTop). What those
+// goroutine's stack at 8 KiB instead of 4 (relay.WithRelayAtTop). What those
 // wrappers add, x/net's server does itself for a TLS connection: the
 // request's TLS state, its remote address and a body, and the server
 // and local address in the request's context; the connection's base

@@ -94,7 +94,7 @@ func isTopPath(p string) bool {
 }
 
 // ServeHTTP answers GET topv1alpha1.Path for an authenticated caller
-// (withAuthentication ran): 404 for any other path under the prefix, 405
+// (authn.WithAuthentication ran): 404 for any other path under the prefix, 405
 // for another method, 400 for a bad query, 403 unless a
 // SubjectAccessReview allows the caller to get watchbudgets/status, 429
 // or 503 when that review is throttled or fails (never forwarded, under

@@ -194,7 +194,7 @@ var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Hos
 // flushed on every write, so watch events reach the client as they come;
 // 101 Switching Protocols is handled by ReverseProxy itself. An admitted
 // watch's 200 stream is wrapped to learn from it (watchBody) and relayed
-// after the reverse proxy has sent the headers (watchState.relay).
+// after the reverse proxy has sent the headers (relay.Watch.relay).
 func NewReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log.Logger, logs *sampledlog.Logger, watches WatchLookup) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
