@@ -196,3 +196,31 @@ func headings(md string) []heading {
 	}
 	return hs
 }
+
+// TestBenchmarkTablesNameTheirCommit checks that every table of
+// BENCHMARKS.md (after its index) names the commit its figures were
+// measured on: in a column of its own, or between the table and the
+// heading or harness-written block it belongs to.
+func TestBenchmarkTablesNameTheirCommit(t *testing.T) {
+	commit := regexp.MustCompile(`commit [0-9a-f]{7,40}\b`)
+	lines := strings.Split(readFile(t, "BENCHMARKS.md"), "\n")
+	since := -1 // the line of the last heading or begin marker, -1 before the first section
+	tables := 0
+	for i, line := range lines {
+		switch {
+		case strings.HasPrefix(line, "## "), strings.HasPrefix(line, "<!--") && strings.Contains(line, "begin"):
+			since = i
+		case strings.HasPrefix(line, "|") && (i == 0 || !strings.HasPrefix(lines[i-1], "|")) && since >= 0:
+			tables++
+			if strings.Contains(line, "commit") {
+				continue
+			}
+			if !commit.MatchString(strings.Join(lines[since:i], "\n")) {
+				t.Errorf("BENCHMARKS.md:%d: the table %q names no commit", i+1, line)
+			}
+		}
+	}
+	if tables < 10 {
+		t.Errorf("found %d tables in BENCHMARKS.md, want every harness's", tables)
+	}
+}
