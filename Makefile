@@ -61,9 +61,10 @@ vet: ## go vet every package.
 
 .PHONY: lint
 lint: ## Lint the root module and each module under hack/ with golangci-lint (.golangci.yml; pinned in hack/tools).
-	@for m in . $(HACK_MODULES); do \
-	  echo ">> golangci-lint run ./... in $$m" && (cd $$m && $(GOLANGCI_LINT) run ./...) || exit 1; \
-	done
+	@failed=; for m in . $(HACK_MODULES); do \
+	  echo ">> golangci-lint run ./... in $$m"; (cd $$m && $(GOLANGCI_LINT) run ./...) || failed="$$failed $$m"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "golangci-lint found issues in:$$failed" >&2; exit 1; fi
 
 .PHONY: verify
 verify: verify-generated verify-tidy lint ## Check generated files are fresh, every go.mod is tidy, and lint passes.

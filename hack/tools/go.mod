@@ -1,5 +1,5 @@
-// Module tools pins the build tooling (controller-gen, helm) apart from the
-// product's go.mod. Run with: go tool -modfile=hack/tools/go.mod <tool>
+// Module tools pins the build tooling (controller-gen, helm, golangci-lint)
+// apart from the product's go.mod. Run with: go tool -modfile=hack/tools/go.mod <tool>
 module github.com/watchgate/watchgate/hack/tools
 
 go 1.26.0
