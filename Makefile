@@ -8,10 +8,16 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Tools are pinned in their own modules under hack/ so go.mod stays lean.
 CONTROLLER_GEN := go tool -modfile=hack/tools/go.mod controller-gen
 HELM := go tool -modfile=hack/tools/go.mod helm
+GOLANGCI_LINT := go tool -modfile=$(CURDIR)/hack/tools/go.mod golangci-lint
+# The modules under hack/ with code of their own, vetted, linted and tested
+# one by one (each has its own go.mod). hack/testbin (etcd's main, one line)
+# and hack/tools (no code) only have to be tidy.
+HACK_MODULES := hack/bench hack/demo hack/image
+TIDY_MODULES := . $(HACK_MODULES) hack/testbin hack/tools
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: plugin ## Build bin/watchgate and the kubectl plugin bin/kubectl-watchgate.
@@ -53,13 +59,33 @@ generate: ## Generate deepcopy code and server-side apply configurations (api/v1
 vet: ## go vet every package.
 	go vet ./...
 
+.PHONY: lint
+lint: ## Lint the root module and each module under hack/ with golangci-lint (.golangci.yml; pinned in hack/tools).
+	@failed=; for m in . $(HACK_MODULES); do \
+	  echo ">> golangci-lint run ./... in $$m"; (cd $$m && $(GOLANGCI_LINT) run ./...) || failed="$$failed $$m"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "golangci-lint found issues in:$$failed" >&2; exit 1; fi
+
+.PHONY: verify
+verify: verify-generated verify-tidy lint ## Check generated files are fresh, every go.mod is tidy, and lint passes.
+
+.PHONY: verify-generated
+verify-generated: ## Fail when `make manifests generate` would change a file (the tree is left as it is).
+	@echo ">> hack/verify-generated.sh" && hack/verify-generated.sh
+
+.PHONY: verify-tidy
+verify-tidy: ## Fail when `go mod tidy` would change the go.mod or go.sum of the root module or a module under hack/.
+	@for m in $(TIDY_MODULES); do \
+	  echo ">> go mod tidy -diff in $$m" && (cd $$m && go mod tidy -diff) || { echo "run go mod tidy in $$m" >&2; exit 1; }; \
+	done
+
 .PHONY: test
-test: ## Run every test (unit, integration, end to end) against a real kube-apiserver + etcd, with -race.
+test: verify ## Run make verify, then every test (unit, integration, end to end) against a real kube-apiserver + etcd, with -race.
 	@assets=$$(hack/testbin.sh) && \
 	echo ">> go vet ./..." && go vet ./... && \
 	echo ">> go test -race -count=1 ./... (KUBEBUILDER_ASSETS=$$assets)" && \
 	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./... && \
-	for m in hack/bench hack/demo hack/image; do \
+	for m in $(HACK_MODULES); do \
 	  echo ">> go vet + go test -race ./... in $$m (its own module)" && \
 	  (cd $$m && go vet ./... && go test -race -count=1 ./...) || exit 1; \
 	done

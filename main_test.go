@@ -20,9 +20,9 @@ import (
 var env *apiserver.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(apiserver.Main(m, apiserver.Options{
+	apiserver.Main(m, &env, apiserver.Suite{Options: apiserver.Options{
 		CRDDirectoryPaths: []string{filepath.Join(apiserver.RepoRoot(), "config", "crd", "bases")},
-	}, &env))
+	}})
 }
 
 func TestRunFailsWithOneLineErrors(t *testing.T) {

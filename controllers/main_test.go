@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"go.uber.org/zap/zapcore"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -18,7 +15,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
@@ -33,20 +29,17 @@ var (
 	admin client.Client
 )
 
+// TestMain starts a control plane with the CRDs; WATCHGATE_TEST_LOG=1 shows
+// the controllers' logs, up to V(5).
 func TestMain(m *testing.M) {
-	// WATCHGATE_TEST_LOG=1 shows the controllers' logs, up to V(5).
-	if os.Getenv("WATCHGATE_TEST_LOG") != "" {
-		ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapcore.Level(-5))))
-	} else {
-		ctrl.SetLogger(logr.Discard())
-	}
-	os.Exit(apiserver.MainWithSetup(m, apiserver.Options{
-		CRDDirectoryPaths: []string{filepath.Join(apiserver.RepoRoot(), "config", "crd", "bases")},
-	}, &env, func(e *apiserver.Env) error {
-		var err error
-		admin, err = client.New(e.Config, client.Options{Scheme: newScheme()})
-		return err
-	}))
+	apiserver.Main(m, &env, apiserver.Suite{
+		Options: apiserver.Options{CRDDirectoryPaths: []string{filepath.Join(apiserver.RepoRoot(), "config", "crd", "bases")}},
+		Setup: func(e *apiserver.Env) error {
+			var err error
+			admin, err = client.New(e.Config, client.Options{Scheme: newScheme()})
+			return err
+		},
+	})
 }
 
 func newScheme() *runtime.Scheme {

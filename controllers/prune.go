@@ -16,6 +16,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/internal/periodic"
 )
 
 // +kubebuilder:rbac:groups="",namespace=watchgate-system,resources=pods,verbs=list
@@ -56,7 +57,7 @@ type ReplicaPruner struct {
 	// Interval between rounds; DefaultPruneInterval when zero.
 	Interval time.Duration
 	// Clock ticks the rounds; SetupWithManager sets it (a fake one in tests).
-	Clock clock.WithTicker
+	Clock clock.Clock
 }
 
 // NeedLeaderElection is true: one pruner is enough.
@@ -72,7 +73,12 @@ func (p *ReplicaPruner) Start(ctx context.Context) error {
 		interval = DefaultPruneInterval
 	}
 	log := logf.FromContext(ctx).WithName("replica-pruner").WithValues("namespace", p.Namespace)
-	everyInterval(logf.IntoContext(ctx, log), p.Clock, interval, log, "Failed to prune status entries of gone replicas", p.Prune)
+	periodic.Every(logf.IntoContext(ctx, log), p.Clock, interval, func(ctx context.Context) {
+		// A failed round is retried on the next tick.
+		if err := p.Prune(ctx); err != nil {
+			log.Error(err, "Failed to prune status entries of gone replicas")
+		}
+	})
 	return nil
 }
 

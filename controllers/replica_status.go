@@ -12,6 +12,7 @@ import (
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
 	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
+	"github.com/watchgate/watchgate/internal/periodic"
 )
 
 // DefaultStatusInterval is how often a replica considers writing its status
@@ -62,7 +63,7 @@ type ReplicaStatusWriter struct {
 	CounterRefreshInterval time.Duration
 	// Clock ticks the writes and stamps lastUpdateTime; SetupWithManager
 	// sets it (a fake one in tests).
-	Clock clock.WithTicker
+	Clock clock.Clock
 
 	history map[string]*rejectionHistory
 }
@@ -79,7 +80,12 @@ func (w *ReplicaStatusWriter) Start(ctx context.Context) error {
 	}
 	log := logf.FromContext(ctx).WithName("replica-status").WithValues("pod", w.Pod)
 	ctx = logf.IntoContext(ctx, log)
-	everyInterval(ctx, w.Clock, interval, log, "Failed to write status entries", w.Write)
+	periodic.Every(ctx, w.Clock, interval, func(ctx context.Context) {
+		// A failed write is retried on the next tick.
+		if err := w.Write(ctx); err != nil {
+			log.Error(err, "Failed to write status entries")
+		}
+	})
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := w.Remove(cleanup); err != nil {

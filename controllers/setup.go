@@ -39,7 +39,7 @@ type Options struct {
 	// The following are used for testing purposes.
 
 	// Clock is every piece's clock; the real one when nil.
-	Clock clock.WithTicker
+	Clock clock.Clock
 }
 
 // Controllers are the pieces SetupWithManager added to the manager.

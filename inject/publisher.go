@@ -96,7 +96,7 @@ func (p *CAPublisher) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		}
 		err := p.Client.Create(ctx, cm)
 		if apierrors.IsAlreadyExists(err) {
-			return reconcile.Result{Requeue: false}, fmt.Errorf("create %s/%s: not in cache yet: %w", name, ConfigMapName, err)
+			return reconcile.Result{}, fmt.Errorf("create %s/%s: not in cache yet: %w", name, ConfigMapName, err)
 		}
 		return reconcile.Result{}, err
 	case err != nil:

@@ -52,7 +52,3 @@ type WatchBudgetList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []WatchBudget `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&WatchBudget{}, &WatchBudgetList{})
-}

@@ -123,7 +123,7 @@ func (c *cluster) replicas(ctx context.Context, namespace, service string) ([]re
 		return nil, fmt.Errorf("find watchgate's Service: %w (name it with --service, its namespace with -n)", err)
 	}
 	if len(svc.Spec.Selector) == 0 || len(svc.Spec.Ports) == 0 {
-		return nil, fmt.Errorf("Service %s/%s selects no pods or has no port", namespace, service)
+		return nil, fmt.Errorf("the Service %s/%s selects no pods or has no port", namespace, service)
 	}
 	target := svc.Spec.Ports[0].TargetPort
 	for _, p := range svc.Spec.Ports {

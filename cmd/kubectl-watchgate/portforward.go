@@ -34,22 +34,28 @@ func (c *cluster) forward(ctx context.Context, namespace, pod string, port int) 
 	if err != nil {
 		return nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- fw.ForwardPorts() }()
+	// forwardErr is ForwardPorts' error, read once done is closed; after a
+	// stop it is of no interest.
+	var forwardErr error
+	done := make(chan struct{})
+	go func() { forwardErr = fw.ForwardPorts(); close(done) }()
+	halt := func() { close(stop); <-done }
 	select {
 	case <-ready:
-	case err := <-done:
-		return nil, fmt.Errorf("port-forward to pod %s port %d: %w", pod, port, err)
+	case <-done:
+		return nil, fmt.Errorf("port-forward to pod %s port %d: %w", pod, port, forwardErr)
 	case <-ctx.Done():
-		close(stop)
-		<-done
+		halt()
 		return nil, fmt.Errorf("port-forward to pod %s port %d: %w", pod, port, ctx.Err())
 	}
 	ports, err := fw.GetPorts()
-	if err != nil || len(ports) != 1 {
-		close(stop)
-		<-done
-		return nil, fmt.Errorf("port-forward to pod %s port %d: no local port (%v)", pod, port, err)
+	if err != nil {
+		halt()
+		return nil, fmt.Errorf("port-forward to pod %s port %d: no local port: %w", pod, port, err)
 	}
-	return &forwarding{local: ports[0].Local, stop: func() { close(stop); <-done }}, nil
+	if len(ports) != 1 {
+		halt()
+		return nil, fmt.Errorf("port-forward to pod %s port %d: %d local ports, want 1", pod, port, len(ports))
+	}
+	return &forwarding{local: ports[0].Local, stop: halt}, nil
 }

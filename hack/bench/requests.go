@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -135,7 +136,7 @@ func (t *target) replay(ctx context.Context, collection, accept string) (int, ti
 			for {
 				piece, err := r.ReadSlice('\n')
 				frame = append(frame, piece...)
-				if err == bufio.ErrBufferFull {
+				if errors.Is(err, bufio.ErrBufferFull) {
 					continue
 				}
 				if err != nil {

@@ -75,7 +75,11 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	defer env.Stop()
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop the test bed:", err)
+		}
+	}()
 
 	sa, err := env.ServiceAccount(ctx, nsGet, "client")
 	if err != nil {

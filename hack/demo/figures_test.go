@@ -60,7 +60,7 @@ func TestAlignedRatesDoNotSawTooth(t *testing.T) {
 	at := time.Duration(0)
 	for i := range 40 {
 		samples = append(samples, counterSample{at: at, value: 200 * at.Seconds()})
-		at += []time.Duration{180, 320}[i%2] * time.Millisecond
+		at += []time.Duration{180 * time.Millisecond, 320 * time.Millisecond}[i%2]
 	}
 	points := alignedRates(samples, time.Second)
 	if len(points) < 5 {

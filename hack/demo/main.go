@@ -103,7 +103,11 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.startControlPlane(); err != nil {
 		return err
 	}
-	defer d.env.Stop()
+	defer func() {
+		if err := d.env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop the control plane:", err)
+		}
+	}()
 	if err := d.createIdentities(ctx); err != nil {
 		return err
 	}

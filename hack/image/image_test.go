@@ -7,6 +7,7 @@ import (
 	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"io/fs"
 	"maps"
@@ -55,7 +56,9 @@ func buildHello(t *testing.T, out, epoch string) {
 func built(t *testing.T) string {
 	t.Helper()
 	builtOnce.Do(func() {
-		builtDir, builtErr = os.MkdirTemp("", "image-test-")
+		// Shared by every test that reads it, so it outlives the first
+		// one's t.TempDir; TestMain removes it.
+		builtDir, builtErr = os.MkdirTemp("", "image-test-") //nolint:usetesting // see above
 		if builtErr != nil {
 			return
 		}
@@ -230,7 +233,7 @@ func imageFiles(t *testing.T, img v1.Image) map[string]layerFile {
 		tr := tar.NewReader(rc)
 		for {
 			h, err := tr.Next()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {

@@ -12,9 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
 // KubeVersion is the version of kube-apiserver, etcd's client and kubectl the
@@ -160,37 +164,74 @@ func (e *Env) Stop() error {
 	return e.env.Stop()
 }
 
-// Main starts a control plane for a package's tests, runs them, and stops it;
-// it is meant for TestMain and returns the exit code. When the test bed is
-// missing it fails (it does not skip): run `make testbin`.
-func Main(m *testing.M, opts Options, env **Env) int {
-	return MainWithSetup(m, opts, env, nil)
+// Suite is what a test package's TestMain asks of the test bed besides
+// its control plane.
+type Suite struct {
+	// Options configure the control plane.
+	Options
+	// Helm, when not nil, receives the path of the helm pinned in
+	// hack/tools/go.mod, built once into a temporary folder that is removed
+	// after the tests (BuildHelm).
+	Helm *string
+	// Setup, when not nil, runs once the control plane serves and before the
+	// tests (to build clients from it); an error stops the control plane
+	// and fails the run.
+	Setup func(*Env) error
 }
 
-// MainWithSetup is Main with setup, when not nil, run once the control plane
-// serves and before the tests (to build clients from it); an error from setup
-// stops the control plane and fails the run.
-func MainWithSetup(m *testing.M, opts Options, env **Env, setup func(*Env) error) int {
-	e, err := Start(opts)
+// Main is the TestMain of every package whose tests share one control
+// plane: it sets controller-runtime's logger (Logger), builds helm when
+// asked, starts the control plane into *env, runs Setup and the tests,
+// stops the control plane and exits with the tests' code. When the test bed
+// is missing it fails (it does not skip): run `make testbin`.
+func Main(m *testing.M, env **Env, s Suite) {
+	os.Exit(run(m, env, s))
+}
+
+func run(m *testing.M, env **Env, s Suite) int {
+	// envtest, the managers and the proxy's informers log through
+	// controller-runtime, which prints a stack trace when no logger was
+	// ever set.
+	ctrllog.SetLogger(Logger())
+	if s.Helm != nil {
+		tmp, err := os.MkdirTemp("", "watchgate-helm-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "test bed:", err)
+			return 1
+		}
+		defer os.RemoveAll(tmp)
+		if *s.Helm, err = BuildHelm(tmp); err != nil {
+			fmt.Fprintln(os.Stderr, "test bed:", err)
+			return 1
+		}
+	}
+	e, err := Start(s.Options)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "test bed:", err)
 		return 1
 	}
+	defer func() {
+		if err := e.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop test bed:", err)
+		}
+	}()
 	*env = e
-	if setup != nil {
-		if err := setup(e); err != nil {
+	if s.Setup != nil {
+		if err := s.Setup(e); err != nil {
 			fmt.Fprintln(os.Stderr, "test bed setup:", err)
-			if err := e.Stop(); err != nil {
-				fmt.Fprintln(os.Stderr, "stop test bed:", err)
-			}
 			return 1
 		}
 	}
-	code := m.Run()
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop test bed:", err)
+	return m.Run()
+}
+
+// Logger is the logger of the code under test: silent, or with
+// WATCHGATE_TEST_LOG set, everything up to V(5) on stderr.
+func Logger() logr.Logger {
+	if os.Getenv("WATCHGATE_TEST_LOG") == "" {
+		return logr.Discard()
 	}
-	return code
+	return zap.New(zap.UseDevMode(true), zap.Level(zapcore.Level(-5)))
 }
 
 // Kubectl runs the test bed's kubectl against the API server as the admin

@@ -13,5 +13,5 @@
 // processes), load_events_test.go writes the events the watches receive,
 // load_measure_test.go is the side-by-side run, load_hold_test.go the held
 // replica, and load_report_test.go the settings and the BENCHMARKS.md block
-// both runs share.
+// both runs share. LOAD.md describes the method of both runs.
 package e2e

@@ -20,7 +20,6 @@ import (
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/cert"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/watchgate/watchgate/proxy"
@@ -31,10 +30,7 @@ import (
 var env *apiserver.Env
 
 func TestMain(m *testing.M) {
-	// envtest and the proxy's informers log through controller-runtime,
-	// which prints a stack trace when no logger was ever set.
-	ctrllog.SetLogger(testLogger())
-	os.Exit(apiserver.Main(m, apiserver.Options{StaleVersions: true}, &env))
+	apiserver.Main(m, &env, apiserver.Suite{Options: apiserver.Options{StaleVersions: true}})
 }
 
 // testProxy is a proxy.Server serving in front of the test bed.

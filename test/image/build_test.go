@@ -39,7 +39,10 @@ func cachedImage(t *testing.T, platform string) string {
 		t.Fatal(err)
 	}
 	evict(cache, 7*24*time.Hour)
-	staging, err := os.MkdirTemp(cache, ".build-")
+	// Staged inside the cache, not in t.TempDir: the finished image is
+	// renamed into place, which works within one file system only.
+	staging, err := os.MkdirTemp(cache, ".build-") //nolint:usetesting // see above
+
 	if err != nil {
 		t.Fatal(err)
 	}

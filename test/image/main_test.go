@@ -1,12 +1,7 @@
 package image
 
 import (
-	"fmt"
-	"os"
 	"testing"
-
-	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/test/apiserver"
 )
@@ -22,20 +17,5 @@ var (
 // versions go stale within seconds (no watch cache, etcd compacted every
 // 5 s).
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	tmp, err := os.MkdirTemp("", "watchgate-image-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmp)
-	if helmBin, err = apiserver.BuildHelm(tmp); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctrllog.SetLogger(logr.Discard())
-	return apiserver.Main(m, apiserver.Options{StaleVersions: true}, &env)
+	apiserver.Main(m, &env, apiserver.Suite{Options: apiserver.Options{StaleVersions: true}, Helm: &helmBin})
 }

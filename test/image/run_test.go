@@ -329,7 +329,8 @@ func mountServiceAccount(t *testing.T, root, ns, name string, ids effectiveIDs) 
 	}
 	dir := mkMount(t, root, "/var/run/secrets/kubernetes.io/serviceaccount")
 	// The token is readable by the fsGroup, else by the user alone.
-	uid, gid, mode := 0, -1, fs.FileMode(0o640)
+	uid, mode := 0, fs.FileMode(0o640)
+	var gid int
 	if ids.fsGroup != nil {
 		gid = int(*ids.fsGroup)
 	} else {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,7 +31,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/go-logr/logr"
 	"github.com/watchgate/watchgate/inject"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -43,9 +43,7 @@ var env *apiserver.Env
 const ownNamespace = "watchgate-system"
 
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(logr.Discard())
-	root := apiserver.RepoRoot()
-	os.Exit(apiserver.Main(m, apiserver.Options{
+	apiserver.Main(m, &env, apiserver.Suite{Options: apiserver.Options{
 		Args: map[string]string{
 			// As in a real cluster: pods get their kube-api-access volume
 			// before mutating webhooks see them.
@@ -53,9 +51,9 @@ func TestMain(m *testing.M) {
 			"disable-admission-plugins": "",
 		},
 		Webhooks: envtest.WebhookInstallOptions{
-			Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
+			Paths: []string{filepath.Join(apiserver.RepoRoot(), "config", "webhook", "manifests.yaml")},
 		},
-	}, &env))
+	}})
 }
 
 // pki is a CA and a serving pair it signed for 127.0.0.1 and localhost.
@@ -136,7 +134,10 @@ func startProxy(t testing.TB, budgets ...ratelimit.Budget) *testProxy {
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case err := <-done:
+			if err != nil {
+				t.Errorf("proxy stopped with: %v", err)
+			}
 		case <-time.After(30 * time.Second):
 			t.Errorf("proxy did not stop within 30s")
 		}

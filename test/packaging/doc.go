@@ -35,7 +35,11 @@
 //     user, entrypoint, ports, environment, labels and build flags; the
 //     chart's image values and Artifact Hub annotations name that image and
 //     its platforms (the image itself is run in package test/image);
-//   - the WatchBudget examples of docs/operators.md pass validation;
+//   - the WatchBudget examples of docs/operators.md pass validation, its
+//     contents list names every section and every heading of the Security
+//     model, every link to a section in README.md, BENCHMARKS.md and docs/
+//     finds its heading, and every table of BENCHMARKS.md names its commit
+//     (docs_test.go);
 //   - docs/operators.md's metric table lists every metric the code defines,
 //     with its labels, and nothing else (metrics_test.go);
 //   - every query of the Grafana dashboard and every alert of the

@@ -13,10 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/test/apiserver"
 )
@@ -34,23 +32,9 @@ var (
 	helmBin string
 )
 
+// TestMain builds the pinned helm and starts a control plane.
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	tmp, err := os.MkdirTemp("", "watchgate-packaging-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmp)
-	if helmBin, err = apiserver.BuildHelm(tmp); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctrllog.SetLogger(logr.Discard())
-	return apiserver.Main(m, apiserver.Options{}, &env)
+	apiserver.Main(m, &env, apiserver.Suite{Helm: &helmBin})
 }
 
 // helm runs the pinned helm against the test API server and returns stdout;

@@ -4,16 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/watchgate/watchgate/test/apiserver"
 )
@@ -21,10 +18,7 @@ import (
 var env *apiserver.Env
 
 func TestMain(m *testing.M) {
-	// envtest logs through controller-runtime, which prints a stack trace
-	// when no logger was ever set.
-	ctrllog.SetLogger(logr.Discard())
-	os.Exit(apiserver.Main(m, apiserver.Options{StaleVersions: true}, &env))
+	apiserver.Main(m, &env, apiserver.Suite{Options: apiserver.Options{StaleVersions: true}})
 }
 
 // uniqueNamespace names a namespace no other run of a test in this process

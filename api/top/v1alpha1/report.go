@@ -36,6 +36,7 @@ const (
 // Sort is the figure identities are ranked by.
 type Sort string
 
+// The Sorts: by rejections, by watch opens, by open watches.
 const (
 	SortRejections Sort = "rejections"
 	SortOpens      Sort = "opens"
