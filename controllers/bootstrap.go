@@ -184,8 +184,8 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 			return ctrl.Result{}, nil
 		}
 		// No longer wanted, and nobody took it over.
-		err := r.Client.Delete(ctx, &wb, client.Preconditions{UID: &wb.UID, ResourceVersion: &wb.ResourceVersion})
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		err := r.Client.Delete(ctx, &wb, client.Preconditions{UID: &wb.UID})
+		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, nil
 		}
 		if err == nil {
