@@ -62,6 +62,20 @@ type BootstrapBudget struct {
 	Spec map[string]any `json:"spec"`
 }
 
+// WatchBudget is b as the object it keeps in place (before the API server
+// defaults it), for tests and tools that read the chart's budgets.
+func (b *BootstrapBudget) WatchBudget() (*v1alpha1.WatchBudget, error) {
+	raw, err := json.Marshal(b.Spec)
+	if err != nil {
+		return nil, err
+	}
+	wb := &v1alpha1.WatchBudget{ObjectMeta: metav1.ObjectMeta{Name: b.Name, Labels: b.Labels}}
+	if err := json.Unmarshal(raw, &wb.Spec); err != nil {
+		return nil, fmt.Errorf("budget %s: spec: %w", b.Name, err)
+	}
+	return wb, nil
+}
+
 // ParseBootstrapBudgets reads --bootstrap-budgets: a JSON list of
 // BootstrapBudgets. It rejects unknown fields (in the spec too), names
 // that are no DNS subdomain, a name given twice, and an Exempt budget

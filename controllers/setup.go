@@ -83,7 +83,7 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	}
 	c.Writer = &ReplicaStatusWriter{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), Engine: engine, Policy: c.Policy,
-		Pod: opts.PodName, Interval: opts.StatusInterval, CounterRefreshInterval: opts.CounterRefreshInterval, Clock: opts.Clock,
+		Pod: opts.PodName, Namespace: opts.Namespace, Interval: opts.StatusInterval, CounterRefreshInterval: opts.CounterRefreshInterval, Clock: opts.Clock,
 	}
 	c.Pruner = &ReplicaPruner{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), PodReader: mgr.GetAPIReader(),
