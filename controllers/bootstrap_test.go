@@ -14,6 +14,7 @@ import (
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
+	"github.com/watchgate/watchgate/ratelimit"
 )
 
 // bootstrapSet is an install's budgets as the chart's flag gives them: a
@@ -248,5 +249,78 @@ func TestParseBootstrapBudgetsRejectsNonsense(t *testing.T) {
 	got, err := controllers.ParseBootstrapBudgets(`[{"name":"x","mandatory":true,"spec":{"enforcement":"Exempt","subjects":[{"kind":"Group","name":"system:masters"}]}}]`)
 	if err != nil || len(got) != 1 || !got[0].Mandatory {
 		t.Errorf("a valid list: %+v, %v", got, err)
+	}
+}
+
+// TestTakingOverToEnforceKeepsTheObservation follows the first week: the
+// bootstrapped catch-all runs DryRun and gathers a suggestion; the
+// operator takes it over and switches it to Enforce with an edit. The
+// budget is the same object, so its status (the suggestion, its since,
+// the replica's entry) carries on, and a restart with the chart's values
+// (a helm upgrade) leaves it Enforce.
+func TestTakingOverToEnforceKeepsTheObservation(t *testing.T) {
+	ctx := context.Background()
+	const install = "boot-c"
+	def := install + "-default"
+	cleanupBudgets(t, install+"-exempt", def)
+	set := bootstrapSet(install, 60)
+	set[0].Spec["subjects"] = []any{map[string]any{"kind": "User", "name": "boot-c-*"}}
+	opts := controllers.Options{PodName: "boot-c-0", Namespace: install, Bootstrap: set, CounterRefreshInterval: 100 * time.Millisecond}
+	r := startReplica(t, replicaOptions{Options: opts})
+	eventually(t, reloadDeadline, "the bootstrapped budget reaches the engine", func() error {
+		_, err := policyBudget(r.engine, def)
+		return err
+	})
+	for u := range 3 {
+		d := r.engine.Decide(time.Now(), &ratelimit.Request{User: fmt.Sprintf("boot-c-%d", u), Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "5"})
+		if !d.Allowed || d.Budget != def {
+			t.Fatalf("watch %d: %+v", u, d)
+		}
+	}
+	var since metav1.Time
+	eventually(t, 10*time.Second, "a suggestion from 3 identities", budgetIs(def, func(wb *v1alpha1.WatchBudget) error {
+		s := wb.Status.Suggested
+		if s == nil || s.Identities != 3 || s.Since == nil {
+			return fmt.Errorf("suggested %+v", s)
+		}
+		since = *s.Since
+		return nil
+	}))
+
+	wb := getBudget(t, def)
+	patch := client.MergeFrom(wb.DeepCopy())
+	wb.Annotations[controllers.AutoUpdateAnnotation] = "false"
+	wb.Spec.Enforcement = v1alpha1.EnforcementEnforce
+	if err := admin.Patch(ctx, wb, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, reloadDeadline, "Enforce reaches the engine", func() error {
+		b, err := policyBudget(r.engine, def)
+		if err == nil && b.Enforcement != ratelimit.Enforce {
+			err = fmt.Errorf("enforcement %s", b.Enforcement)
+		}
+		return err
+	})
+	d := r.engine.Decide(time.Now(), &ratelimit.Request{User: "boot-c-3", Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "5"})
+	if !d.Allowed {
+		t.Fatalf("a 4th identity: %+v", d)
+	}
+	eventually(t, 10*time.Second, "the suggestion goes on from the same since", budgetIs(def, func(wb *v1alpha1.WatchBudget) error {
+		s := wb.Status.Suggested
+		if s == nil || s.Identities != 4 || s.Since == nil || !s.Since.Equal(&since) {
+			return fmt.Errorf("suggested %+v, want 4 identities since %s", s, since)
+		}
+		return nil
+	}))
+	r.stop()
+	// The mandatory budget, deleted while no leader runs, is reconciled
+	// after the catch-all: once it is back, the catch-all was seen.
+	if err := admin.Delete(ctx, getBudget(t, install+"-exempt")); err != nil {
+		t.Fatal(err)
+	}
+	startReplica(t, replicaOptions{Options: controllers.Options{PodName: "boot-c-1", Namespace: install, Bootstrap: set}})
+	eventually(t, 10*time.Second, "the restarted leader restored the mandatory budget", budgetIs(install+"-exempt", func(*v1alpha1.WatchBudget) error { return nil }))
+	if got := getBudget(t, def); got.Spec.Enforcement != v1alpha1.EnforcementEnforce {
+		t.Errorf("after a restart with the chart's values: %s, want Enforce", got.Spec.Enforcement)
 	}
 }
