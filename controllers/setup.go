@@ -22,8 +22,9 @@ type Options struct {
 	// it, while its own pod (PodName) is there. Empty disables pruning.
 	Namespace string
 	// Bootstrap are the budgets the leader keeps in place
-	// (BootstrapReconciler); with Namespace as the install's name. The
-	// bootstrap reconciler runs when either is set.
+	// (BootstrapReconciler), with Namespace as the install's name. Without
+	// any, no bootstrap reconciler runs, and none deletes what an earlier
+	// run created.
 	Bootstrap []BootstrapBudget
 	// ThrottleEvents, when set, is started to record Events; its
 	// OnThrottled must be the engine's ratelimit.Options.OnThrottled. Build
@@ -52,7 +53,7 @@ type Controllers struct {
 	Ready  *ReadyReconciler
 	Writer *ReplicaStatusWriter
 	Pruner *ReplicaPruner
-	// Bootstrap is nil when Options set neither Bootstrap nor Namespace.
+	// Bootstrap is nil when Options set no Bootstrap budgets.
 	Bootstrap *BootstrapReconciler
 	Events    *ThrottleEvents
 }
@@ -95,7 +96,7 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	if err := c.Ready.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up ready reconciler: %w", err)
 	}
-	if len(opts.Bootstrap) > 0 || opts.Namespace != "" {
+	if len(opts.Bootstrap) > 0 {
 		c.Bootstrap = &BootstrapReconciler{Client: mgr.GetClient(), Budgets: opts.Bootstrap, Install: opts.Namespace}
 		if err := c.Bootstrap.SetupWithManager(mgr); err != nil {
 			return nil, fmt.Errorf("set up bootstrap reconciler: %w", err)
