@@ -270,4 +270,3 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error
 	}
 	t.Fatalf("%s: not within %s: %v", what, timeout, err)
 }
-
