@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -207,7 +208,17 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 		}
 		return ctrl.Result{}, err
 	case !found, want.Mandatory, shouldUpdateSpec(&wb):
-		if err := r.apply(ctx, want); err != nil {
+		// Applied against the version read: an operator's take-over that
+		// the cache has not shown yet makes it a conflict, and the next
+		// round reads it, rather than being overwritten.
+		rv := ""
+		if found {
+			rv = wb.ResourceVersion
+		}
+		if err := r.apply(ctx, want, rv); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: time.Second}, nil
+			}
 			return ctrl.Result{}, err
 		}
 		if !found {
@@ -232,8 +243,9 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	return ctrl.Result{}, nil
 }
 
-// apply writes b with server-side apply, forcing ownership of its fields.
-func (r *BootstrapReconciler) apply(ctx context.Context, b *BootstrapBudget) error {
+// apply writes b with server-side apply, forcing ownership of its fields;
+// with resourceVersion set, only over that version of the budget.
+func (r *BootstrapReconciler) apply(ctx context.Context, b *BootstrapBudget, resourceVersion string) error {
 	labels := map[string]any{}
 	for k, v := range b.Labels {
 		labels[k] = v
@@ -251,6 +263,9 @@ func (r *BootstrapReconciler) apply(ctx context.Context, b *BootstrapBudget) err
 		},
 		"spec": b.Spec,
 	}}
+	if resourceVersion != "" {
+		u.SetResourceVersion(resourceVersion)
+	}
 	return r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.ForceOwnership, client.FieldOwner(fieldOwnerBootstrap))
 }
 
