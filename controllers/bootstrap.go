@@ -198,10 +198,14 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 		if !found || r.Install == "" || wb.Labels[BootstrapLabel] != r.Install || !autoUpdateSet(&wb) {
 			return ctrl.Result{}, nil
 		}
-		// No longer wanted, and nobody took it over.
-		err := r.Client.Delete(ctx, &wb, client.Preconditions{UID: &wb.UID})
-		if apierrors.IsNotFound(err) {
+		// No longer wanted, and nobody took it over (as of the version
+		// read: a take-over since then makes it a conflict).
+		err := r.Client.Delete(ctx, &wb, client.Preconditions{UID: &wb.UID, ResourceVersion: &wb.ResourceVersion})
+		switch {
+		case apierrors.IsNotFound(err):
 			return ctrl.Result{}, nil
+		case apierrors.IsConflict(err):
+			return ctrl.Result{RequeueAfter: time.Second}, nil
 		}
 		if err == nil {
 			log.Info("Deleted a bootstrapped budget no longer configured")
