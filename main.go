@@ -99,6 +99,10 @@ type options struct {
 	watchOpenBurst        int
 	memoryHighWater       int
 	maxConnections        int
+	// bootstrapBudgets is --bootstrap-budgets as given; bootstrap is it
+	// parsed (by validate).
+	bootstrapBudgets string
+	bootstrap        []controllers.BootstrapBudget
 
 	// Security knobs of the proxy (docs/operators.md, "Security model").
 	maxHeaderBytes              int
@@ -169,6 +173,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.watchOpenBurst, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
 	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
+	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
+		"a missing one is created (again after a deletion); a mandatory one's spec is restored after any edit; a suggested one's is kept up to date until an operator takes it over with the annotation "+controllers.AutoUpdateAnnotation+"=false. "+
+		"A budget this install created (label "+controllers.BootstrapLabel+"=<--pod-namespace>) that is no longer listed and not taken over is deleted. The chart sets it; empty: none.")
 	o.zap.BindFlags(fs)
 }
 
@@ -249,6 +256,10 @@ func (o *options) validate() error {
 	}
 	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
 		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
+	}
+	var err error
+	if o.bootstrap, err = controllers.ParseBootstrapBudgets(o.bootstrapBudgets); err != nil {
+		errs = append(errs, fmt.Errorf("--bootstrap-budgets: %w", err))
 	}
 	return utilerrors.NewAggregate(errs)
 }
@@ -460,6 +471,7 @@ func run(ctx context.Context, args []string) error {
 	if _, err := controllers.SetupWithManager(mgr, engine, controllers.Options{
 		PodName:        o.podName,
 		Namespace:      o.podNamespace,
+		Bootstrap:      o.bootstrap,
 		ThrottleEvents: events,
 	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)

@@ -64,6 +64,10 @@ current-context: c
 			args: []string{"--pprof-bind-address", ":6060"},
 			want: []string{`--pprof-bind-address ":6060": must be a loopback address`},
 		},
+		"a bootstrap budget that would exempt everyone": {
+			args: []string{"--bootstrap-budgets", `[{"name":"wg-exempt","mandatory":true,"spec":{"enforcement":"Exempt"}}]`},
+			want: []string{"--bootstrap-budgets: budget wg-exempt: an Exempt budget needs subjects"},
+		},
 		"a mode that does not exist": {
 			args: []string{"--mode", "webhook"},
 			want: []string{`--mode "webhook": must be all, proxy or injector`},

@@ -1,5 +1,5 @@
 // Package controllers turns WatchBudgets into the policy the proxy enforces
-// and reports back on them. It has four pieces, wired by SetupWithManager:
+// and reports back on them. Its pieces, wired by SetupWithManager:
 //
 //   - PolicyReconciler (every replica, no leader election): reads every
 //     WatchBudget from the cache, compiles the valid ones into one immutable
@@ -21,12 +21,19 @@
 //     server-side apply (typed apply configurations) and a field manager of
 //     its own, so replicas never clobber each other. ReplicaPruner (leader only) removes
 //     the entries of pods that are gone.
+//   - BootstrapReconciler (leader only, with --bootstrap-budgets): keeps an
+//     install's default budgets in place as kube-apiserver keeps API
+//     Priority and Fairness's bootstrap configuration: mandatory ones
+//     restored, suggested ones kept up to date until an operator takes
+//     them over (AutoUpdateAnnotation), with server-side apply.
 //   - ThrottleEvents (every replica): turns the engine's OnThrottled
 //     callback, already limited to one call per budget × identity per
 //     interval, into Events on the WatchBudget.
 //
-// Who writes what in status, and why no two writers conflict:
+// Who writes what, and why no two writers conflict:
 //
+//	spec of the bootstrapped budgets (and their label and annotation)
+//	                                                          field manager "watchgate-bootstrap" (leader)
 //	status.conditions[Ready], activeWatches, recentRejections,
 //	limits, suggested                                         field manager "watchgate-controller" (leader)
 //	status.replicas[pod=P]                                    field manager "watchgate-replica-P" (replica P)

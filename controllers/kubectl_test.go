@@ -128,7 +128,7 @@ func TestKubectlExplainDocumentsTheFields(t *testing.T) {
 		"watchbudget.spec.aggregate":                   "made-up impersonated names, each a fresh identity, cannot multiply what one caller may open",
 		"watchbudget.spec.suggestion.share":            "Between 1 and 100; default 95.",
 		"watchbudget.spec.suggestion.headroomPercent":  "Between 100 and 1000; default 150.",
-		"watchbudget.status.suggested.wouldRefuse":     "It is the most that any one limit refuses: a lower bound.",
+		"watchbudget.status.suggested.wouldRefuse":     "It is the most that any one of these refuses: a lower bound.",
 		"watchbudget.status.replicas.observed":         "never who they are",
 	} {
 		out, err := env.Kubectl(ctx, "explain", path)

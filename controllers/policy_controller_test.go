@@ -234,3 +234,52 @@ func readyIs(name string, status metav1.ConditionStatus, reason string, generati
 		return nil
 	}
 }
+
+// TestOpenWatchesCountAcrossDeleteAndRecreate: a user holding 3 watches
+// under a cap of 3 still has them counted after the budget is deleted and
+// created again, as kubectl (or an old chart's upgrade hook) does: the 4th
+// is refused.
+func TestOpenWatchesCountAcrossDeleteAndRecreate(t *testing.T) {
+	ctx := context.Background()
+	r := startReplica(t, replicaOptions{Options: controllers.Options{PodName: "recreate-0"}})
+	newBudget := func() *v1alpha1.WatchBudget {
+		return &v1alpha1.WatchBudget{
+			ObjectMeta: metav1.ObjectMeta{Name: "recreated"},
+			Spec: v1alpha1.WatchBudgetSpec{
+				Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "recreate-alice"}},
+				Limits:   v1alpha1.Limits{MaxConcurrentWatches: ptr.To[int32](3)},
+			},
+		}
+	}
+	inPolicy := func(want bool) func() error {
+		return func() error {
+			_, err := policyBudget(r.engine, "recreated")
+			if (err == nil) != want {
+				return fmt.Errorf("in the policy: %v, want %v", err == nil, want)
+			}
+			return nil
+		}
+	}
+	watch := func() ratelimit.Decision {
+		return r.engine.Decide(time.Now(), &ratelimit.Request{User: "recreate-alice", Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "1"})
+	}
+	createBudget(t, newBudget())
+	eventually(t, reloadDeadline, "the budget reaches the engine", inPolicy(true))
+	for i := range 3 {
+		if d := watch(); !d.Allowed || d.Reason != "" {
+			t.Fatalf("watch %d: %+v", i, d)
+		}
+	}
+	if err := admin.Delete(ctx, newBudget()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, reloadDeadline, "the deletion reaches the engine", inPolicy(false))
+	createBudget(t, newBudget())
+	eventually(t, reloadDeadline, "the re-created budget reaches the engine", inPolicy(true))
+	if d := watch(); d.Allowed || d.Reason != ratelimit.ReasonTooManyWatches {
+		t.Errorf("the 4th watch after re-creation: allowed=%v reason=%q, want TooManyWatches", d.Allowed, d.Reason)
+	}
+	if got := r.engine.Stats()["recreated"].ActiveWatches; got != 3 {
+		t.Errorf("ActiveWatches = %d, want 3", got)
+	}
+}

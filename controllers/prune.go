@@ -28,7 +28,10 @@ const DefaultPruneInterval = time.Minute
 // ReplicaPruner removes from status.replicas the entries of replicas whose
 // pod no longer exists in Namespace: a replica that stops cleanly removes
 // its own entries, one that crashes or is evicted cannot. It runs on the
-// leader only.
+// leader only. An entry that names another namespace belongs to another
+// install sharing the CRD, whose own leader prunes it; an entry without a
+// namespace (a replica outside a cluster) is pruned by any leader that
+// finds no pod of its name.
 //
 // It prunes only while this replica's own pod, Pod, is in Namespace: that
 // is what tells it that the replicas run as pods there. A process that is
@@ -108,8 +111,8 @@ func (p *ReplicaPruner) Prune(ctx context.Context) error {
 		var ops []jsonPatchOp
 		// From the end, so that earlier indexes stay right.
 		for j := len(wb.Status.Replicas) - 1; j >= 0; j-- {
-			pod := wb.Status.Replicas[j].Pod
-			if live[pod] {
+			pod, ns := wb.Status.Replicas[j].Pod, wb.Status.Replicas[j].Namespace
+			if live[pod] || (ns != "" && ns != p.Namespace) {
 				continue
 			}
 			path := fmt.Sprintf("/status/replicas/%d", j)

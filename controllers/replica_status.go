@@ -55,6 +55,9 @@ type ReplicaStatusWriter struct {
 	Policy *PolicyReconciler
 	// Pod is this replica's pod name, the key of its entries.
 	Pod string
+	// Namespace is this replica's pod's namespace, written in its entries
+	// so that only its own install's leader prunes them; may be empty.
+	Namespace string
 	// Interval between writes; DefaultStatusInterval when zero.
 	Interval time.Duration
 	// CounterRefreshInterval is how long an entry whose only change is in
@@ -131,6 +134,7 @@ func (w *ReplicaStatusWriter) Write(ctx context.Context) error {
 			w.history[wb.Name] = h
 		}
 		entry := replicaEntry(w.Pod, gen, st, h.observe(now, rejections(st), recentWindow), now)
+		entry.Namespace = w.Namespace
 		if current != nil && !needsWrite(*current, entry, w.counterRefresh()) {
 			continue
 		}

@@ -152,6 +152,59 @@ func TestPrunerPrunesOnlyFromItsOwnPodsNamespace(t *testing.T) {
 	}
 }
 
+// Two installs in different namespaces share the CRD: each writes its
+// namespace in its entries, and a leader prunes only the entries of its
+// own namespace (and those that name none), never the other install's.
+func TestPrunerLeavesAnotherInstallsEntries(t *testing.T) {
+	ctx := context.Background()
+	const mine, theirs = "watchgate-side-a", "watchgate-side-b"
+	for _, ns := range []string{mine, theirs} {
+		if _, err := env.ServiceAccount(ctx, ns, "default"); err != nil { // creates the namespace too
+			t.Fatal(err)
+		}
+	}
+	createPod(t, mine, "side-a-0")
+	createPod(t, theirs, "side-b-0")
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "side-by-side"},
+		Spec:       v1alpha1.WatchBudgetSpec{Subjects: []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "side-*"}}},
+	})
+	// Install b's replica writes its entry, with its namespace.
+	startReplica(t, replicaOptions{Options: controllers.Options{PodName: "side-b-0", Namespace: theirs, PruneInterval: time.Hour}})
+	eventually(t, 5*time.Second, "install b's entry names its namespace", func() error {
+		for _, r := range getBudget(t, "side-by-side").Status.Replicas {
+			if r.Pod == "side-b-0" && r.Namespace == theirs {
+				return nil
+			}
+		}
+		return fmt.Errorf("entries %+v", getBudget(t, "side-by-side").Status.Replicas)
+	})
+	// A crashed replica of install a left an entry without a namespace.
+	ghost := map[string]any{"pod": "side-a-ghost", "activeWatches": int64(1), "lastUpdateTime": time.Now().UTC().Format(time.RFC3339)}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "WatchBudget",
+		"metadata": map[string]any{"name": "side-by-side"},
+		"status":   map[string]any{"replicas": []any{ghost}},
+	}}
+	if err := admin.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("watchgate-replica-side-a-ghost"), client.ForceOwnership); err != nil {
+		t.Fatal(err)
+	}
+	p := &controllers.ReplicaPruner{Client: admin, Reader: admin, PodReader: admin, Namespace: mine, Pod: "side-a-0"}
+	eventually(t, 5*time.Second, "install a's leader prunes its ghost and keeps b's entry", func() error {
+		if err := p.Prune(ctx); err != nil {
+			return err
+		}
+		var pods []string
+		for _, r := range getBudget(t, "side-by-side").Status.Replicas {
+			pods = append(pods, r.Pod)
+		}
+		if !slices.Equal(pods, []string{"side-b-0"}) {
+			return fmt.Errorf("entries %q, want only side-b-0", pods)
+		}
+		return nil
+	})
+}
+
 // createPod creates a replica's pod (no kubelet runs it) in ns, deleted at
 // cleanup.
 func createPod(t *testing.T, ns, name string) {

@@ -21,6 +21,11 @@ type Options struct {
 	// metadata.namespace). The leader prunes entries of pods missing from
 	// it, while its own pod (PodName) is there. Empty disables pruning.
 	Namespace string
+	// Bootstrap are the budgets the leader keeps in place
+	// (BootstrapReconciler), with Namespace as the install's name. Without
+	// any, no bootstrap reconciler runs, and none deletes what an earlier
+	// run created.
+	Bootstrap []BootstrapBudget
 	// ThrottleEvents, when set, is started to record Events; its
 	// OnThrottled must be the engine's ratelimit.Options.OnThrottled. Build
 	// it with NewThrottleEvents from the same manager.
@@ -48,12 +53,15 @@ type Controllers struct {
 	Ready  *ReadyReconciler
 	Writer *ReplicaStatusWriter
 	Pruner *ReplicaPruner
-	Events *ThrottleEvents
+	// Bootstrap is nil when Options set no Bootstrap budgets.
+	Bootstrap *BootstrapReconciler
+	Events    *ThrottleEvents
 }
 
 // SetupWithManager adds the WatchBudget controllers to mgr, feeding engine:
 // the policy reconciler, the status writer and the throttle events on every
-// replica, the Ready reconciler and the pruner on the leader. It adds a
+// replica, the Ready reconciler, the pruner and the bootstrap reconciler on
+// the leader. It adds a
 // readyz check named "watchbudgets" that passes once the first policy is
 // loaded. The manager's scheme must know the WatchBudget types
 // (v1alpha1.AddToScheme).
@@ -76,7 +84,7 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	}
 	c.Writer = &ReplicaStatusWriter{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), Engine: engine, Policy: c.Policy,
-		Pod: opts.PodName, Interval: opts.StatusInterval, CounterRefreshInterval: opts.CounterRefreshInterval, Clock: opts.Clock,
+		Pod: opts.PodName, Namespace: opts.Namespace, Interval: opts.StatusInterval, CounterRefreshInterval: opts.CounterRefreshInterval, Clock: opts.Clock,
 	}
 	c.Pruner = &ReplicaPruner{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), PodReader: mgr.GetAPIReader(),
@@ -87,6 +95,12 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	}
 	if err := c.Ready.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up ready reconciler: %w", err)
+	}
+	if len(opts.Bootstrap) > 0 {
+		c.Bootstrap = &BootstrapReconciler{Client: mgr.GetClient(), Budgets: opts.Bootstrap, Install: opts.Namespace}
+		if err := c.Bootstrap.SetupWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("set up bootstrap reconciler: %w", err)
+		}
 	}
 	if err := mgr.Add(c.Writer); err != nil {
 		return nil, err

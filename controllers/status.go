@@ -101,7 +101,7 @@ func needsWrite(current, next v1alpha1.ReplicaStatus, counterRefresh time.Durati
 // through its busiest minute, so they are refreshed like the counts; a new
 // identity observed is written at once, as it is in trackedIdentities.
 func sameGauges(a, b v1alpha1.ReplicaStatus) bool {
-	return a.Pod == b.Pod &&
+	return a.Pod == b.Pod && a.Namespace == b.Namespace &&
 		a.ObservedGeneration == b.ObservedGeneration &&
 		a.ActiveWatches == b.ActiveWatches &&
 		a.TrackedIdentities == b.TrackedIdentities &&
@@ -162,6 +162,9 @@ func replicaApply(e *v1alpha1.ReplicaStatus) *wbac.ReplicaStatusApplyConfigurati
 		WithTrackedIdentities(e.TrackedIdentities).
 		WithRecentRejections(e.RecentRejections).
 		WithLastUpdateTime(e.LastUpdateTime)
+	if e.Namespace != "" {
+		a.WithNamespace(e.Namespace)
+	}
 	if len(e.Decisions) > 0 {
 		a.WithDecisions(e.Decisions)
 	}

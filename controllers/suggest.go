@@ -125,6 +125,10 @@ func suggestedLimits(b *ratelimit.Budget, replicas []v1alpha1.ReplicaStatus) *v1
 		return nil
 	}
 	s := ratelimit.Suggest(&op, b.Limits, b.Suggestion)
+	if b.StaleVersions.Action != ratelimit.StalePass {
+		// Answered locally whatever the limits: refused too.
+		s.WouldRefuse = max(s.WouldRefuse, s.StaleLoops)
+	}
 	since := metav1.NewTime(op.Since)
 	return &v1alpha1.SuggestedLimits{
 		Summary:              suggestionSummary(s, b.Limits.ListsPerMinute > 0),

@@ -107,3 +107,26 @@ func TestNeedsWriteObserved(t *testing.T) {
 		}
 	}
 }
+
+// Identities caught in stale loops are refused whatever the limits:
+// wouldRefuse counts them while the budget rejects stale versions, not
+// when it passes them to the API server.
+func TestSuggestedLimitsCountStaleLoops(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	op := observedOf(t0, 5, 5, 5, 5)
+	// Three of them were answered "too old" locally, up to 90 times a
+	// minute, and stayed within the limits otherwise.
+	op.StaleAnswersPerMinute = ratelimit.PeakSketch{}
+	for _, v := range []int64{0, 90, 90, 12} {
+		op.StaleAnswersPerMinute.Add(v)
+	}
+	replicas := []v1alpha1.ReplicaStatus{{Pod: "a", Observed: observedEntry(&op)}}
+	b := ratelimit.Budget{Name: "b", Enforcement: ratelimit.DryRun, Limits: ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1}}
+	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 3 {
+		t.Errorf("stale loops rejected: %+v, want wouldRefuse 3", got)
+	}
+	b.StaleVersions.Action = ratelimit.StalePass
+	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 0 {
+		t.Errorf("stale versions passed: %+v, want wouldRefuse 0", got)
+	}
+}

@@ -96,9 +96,10 @@ func TestAFailureAfterSweepDroppedTheKeyCountsAsTheFirst(t *testing.T) {
 	if got := e.Sweep(t0.Add(62 * s)); got != 1 {
 		t.Fatalf("Sweep evicted %d, want the key", got)
 	}
+	held := heldBy(w2)
 	e.WatchEnded(t0.Add(70*s), w2, 70*s, OutcomeError)
 	expect(t, "after the second failure", e.Decide(t0.Add(70*s), watch()), false, ReasonBackingOff, s)
-	if n := failuresOf(e, "alice"); len(n) != 1 || n[e.seeds.watchKeyOf(&w2.req)] != 1 {
+	if n := failuresOf(e, "alice"); len(n) != 1 || n[e.seeds.watchKeyOf(&held.req)] != 1 {
 		t.Errorf("failures %v, want one key with 1", n)
 	}
 }
@@ -125,10 +126,11 @@ func TestAWatchThatFailsIntoABackingOffOverflowKeyDoesNotCount(t *testing.T) {
 	w := e.Decide(t0.Add(51*s), watchIn("a"))
 	expect(t, `"a" after its delay`, w, true, "", 0)
 	e.WatchEnded(t0.Add(52*s), long, 52*s, OutcomeClosed) // "a" is healthy: dropped
-	e.WatchEnded(t0.Add(52*s), c, 22*s, OutcomeError)     // "c" takes the tracked slot
+	heldC := heldBy(c)
+	e.WatchEnded(t0.Add(52*s), c, 22*s, OutcomeError) // "c" takes the tracked slot
 	e.WatchEnded(t0.Add(53*s), w.Watch, 2*s, OutcomeError)
 	n := failuresOf(e, "alice")
-	if len(n) != 2 || n[e.seeds.watchKeyOf(&c.req)] != 1 || n[overflowKey] != 1 {
+	if len(n) != 2 || n[e.seeds.watchKeyOf(&heldC.req)] != 1 || n[overflowKey] != 1 {
 		t.Errorf("failures %v, want 1 of \"c\" and 1 of the overflow key", n)
 	}
 }

@@ -8,8 +8,10 @@
 // exponential backoff, and a memory of resourceVersions the API server has
 // declared too old. Its rules come from an immutable Policy, compiled from
 // WatchBudgets by the controllers and swapped in atomically; a swap keeps
-// every identity's accrued state. Every method takes the current time as a
-// parameter, so tests are timelines at fixed instants.
+// every identity's accrued state, and an open watch counts against the
+// budget that governs it now, whatever budgets came and went since it
+// opened. Every method takes the current time as a parameter, so tests are
+// timelines at fixed instants.
 //
 // A proxy uses it like this:
 //
@@ -35,6 +37,8 @@
 //   - request.go: Request, Decision, Watch, Reason and its words
 //     (Reason.Text), Outcome, StaleRepeatHold;
 //   - engine.go: Engine, Options, Decide, WatchEnded, SetPolicy;
+//   - regovern.go: a swap moves each open watch, with its count, to the
+//     budget that governs it in the new policy;
 //   - identity.go: per-budget sharded identity state and its buckets;
 //   - aggregate.go: hierarchical budgets, the Aggregate an impersonating
 //     caller's watches for others are charged to besides their own

@@ -131,6 +131,9 @@ type Engine struct {
 	current atomic.Pointer[enforced]
 	// swapMu serialises SetPolicy.
 	swapMu sync.Mutex
+	// orphans are removed budgets whose identities still hold open
+	// watches that no budget governs (see remove). Guarded by swapMu.
+	orphans []*budgetState
 	// identities and backoffKeys count what is tracked, for
 	// MaxTrackedKeys and MaxBackoffKeys.
 	identities, backoffKeys keyCap
@@ -184,8 +187,17 @@ func (e *Engine) Policy() *Policy { return e.current.Load().policy }
 // kept per budget name: a budget that stays keeps every identity's buckets
 // (reconfigured at now as rate.Limiter's SetLimitAt and SetBurstAt do, so
 // accrued tokens survive a budget edit), open-watch counts and backoff. A
-// budget that goes frees its state; its open watches may still be released.
-// Decisions already under way finish under the old policy.
+// budget that goes frees its state.
+//
+// An open watch counts against the budget that governs it now: every open
+// watch whose governing budget changes with p (its budget went, was
+// re-created, or another budget now ranks first for it) moves, with its
+// count, to its identity under the budget that governs it in p, so that a
+// budget deleted and re-created, or a new budget that takes an identity
+// over, still sees the watches the identity holds. A watch that p leaves
+// ungoverned, or governs with an Exempt budget, stays where it was until
+// it ends. Aggregates count only the watches charged to them (see
+// Aggregate). Decisions already under way finish under the old policy.
 func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 	if p == nil {
 		p = &Policy{}
@@ -216,9 +228,41 @@ func (e *Engine) SetPolicy(now time.Time, p *Policy) {
 	for _, bs := range kept {
 		e.reconfigure(bs, now)
 	}
+	for _, bs := range old.states {
+		e.regovern(next, bs, now)
+	}
+	for _, bs := range e.orphans {
+		e.regovern(next, bs, now)
+	}
 	for _, bs := range byName {
 		e.remove(bs)
+		e.orphans = append(e.orphans, bs)
 	}
+	e.dropOrphans()
+}
+
+// dropOrphans forgets the identities of removed budgets whose watches all
+// ended, and the removed budgets left with none. swapMu is held.
+func (e *Engine) dropOrphans() {
+	kept := e.orphans[:0]
+	for _, bs := range e.orphans {
+		left := false
+		for i := range bs.shards {
+			sh := &bs.shards[i]
+			sh.mu.Lock()
+			e.identities.give(sh.evict(func(id *identity) bool { return id.watches == nil }))
+			left = left || sh.tracked > 0
+			sh.mu.Unlock()
+		}
+		bs.overflow.mu.Lock()
+		left = left || bs.overflow.spill.watches != nil
+		bs.overflow.mu.Unlock()
+		if left {
+			kept = append(kept, bs)
+		}
+	}
+	clear(e.orphans[len(kept):])
+	e.orphans = kept
 }
 
 // reconfigure applies the budget's current configuration to every
@@ -244,15 +288,17 @@ func (e *Engine) reconfigure(bs *budgetState, now time.Time) {
 	bs.overflow.mu.Unlock()
 }
 
-// remove frees a dropped budget's state and gives its keys back.
+// remove frees a dropped budget's state and gives its keys back, but for
+// the identities that still hold open watches no budget took over (see
+// regovern): the budget is then an orphan, kept (Engine.orphans) so that
+// a later policy that governs those watches again counts them.
 func (e *Engine) remove(bs *budgetState) {
 	bs.removed.Store(true)
 	for i := range bs.shards {
 		sh := &bs.shards[i]
 		sh.mu.Lock()
 		sh.each(e.dropBackoff)
-		e.identities.give(sh.tracked)
-		sh.ids, sh.tracked = nil, 0
+		e.identities.give(sh.evict(func(id *identity) bool { return id.watches == nil }))
 		sh.mu.Unlock()
 	}
 	sh := &bs.overflow
@@ -314,6 +360,10 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	id := e.lockedIdentity(sh, &bs.overflow, h, e.userKey(r.User))
 	sh = id.sh
 	v := e.decide(id, e.advance(id, now.UnixNano(), cfg), r, cfg, stale)
+	var w Watch
+	if v.admitted {
+		w = e.watchOf(id, r)
+	}
 	sh.mu.Unlock()
 	if agg != nil && !v.admitted {
 		e.refundAggregate(agg)
@@ -322,7 +372,7 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	if aggDryRun && v.reason == ReasonNone {
 		// The aggregate's DryRun budget would have rejected it.
 		return Decision{Allowed: true, Reason: ReasonAggregateLimited, Budget: cfg.Name, Enforcement: cfg.Enforcement, DryRun: true,
-			Watch: e.watchOf(id, r)}
+			Watch: w}
 	}
 
 	// Built here, in the result, rather than filled in through a pointer
@@ -332,7 +382,6 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 		e.opts.OnThrottled(cfg.Name, r.User, v.reason, dryRun)
 	}
 	if v.admitted {
-		w := e.watchOf(id, r)
 		w.agg = agg
 		return Decision{
 			Allowed: true, Reason: v.reason, RetryAfter: v.retryAfter,
@@ -346,10 +395,19 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	}
 }
 
-// watchOf is the Watch of r, admitted for id.
+// watchOf is the Watch of r, admitted for id: a slot that remembers what
+// matching r needs, linked into id's open watches. id.sh.mu is held.
 func (e *Engine) watchOf(id *identity, r *Request) Watch {
 	s := slots.Get().(*slot)
-	return Watch{slot: s, gen: s.gen.Load(), id: id, req: requestKeyOf(r)}
+	// The name kept bounded (userKey), which matches as the name does:
+	// subjects are far shorter than the part it keeps.
+	user := id.user
+	if id == id.sh.spill {
+		user = e.userKey(r.User)
+	}
+	s.user, s.groups, s.impersonated, s.req = user, r.Groups, r.Impersonated, requestKeyOf(r)
+	id.link(s)
+	return Watch{slot: s, gen: s.gen.Load()}
 }
 
 // verdict is decide's answer.
@@ -459,17 +517,19 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 	if w.slot == nil || !w.slot.gen.CompareAndSwap(w.gen, w.gen+1) {
 		return
 	}
-	slots.Put(w.slot)
-	id := w.id
+	s := w.slot
+	id := lockOwner(s)
 	sh := id.sh
-	sh.mu.Lock()
+	id.unlink(s)
 	id.open--
 	sh.open--
 	id.touch(now.UnixNano())
 	if id != sh.spill && !sh.bs.removed.Load() {
-		e.learn(id, &w.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
+		e.learn(id, &s.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}
 	sh.mu.Unlock()
+	s.release()
+	slots.Put(s)
 	if w.agg != nil {
 		releaseAggregate(w.agg, now.UnixNano())
 	}

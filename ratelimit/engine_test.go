@@ -30,6 +30,8 @@ func TestSetPolicyKeepsState(t *testing.T) {
 		Limits:  Limits{WatchOpensPerMinute: 60, WatchBurst: 2, MaxConcurrentWatches: 2},
 		Backoff: Backoff{Initial: 10 * s, Max: time.Minute, ShortWatch: s},
 	}
+	// other governs no pods: b's watches have nowhere to go when b goes.
+	other := Budget{Name: "other", Resources: []ResourceRule{{Resources: []string{"configmaps"}}}}
 	e := newTestEngine(t, Options{}, b)
 	w1 := e.Decide(t0, watchIn("a"))
 	w2 := e.Decide(t0, watchIn("b"))
@@ -39,7 +41,7 @@ func TestSetPolicyKeepsState(t *testing.T) {
 	// refilled by the edit) and now refills at one token per 2s.
 	b.Limits.WatchOpensPerMinute = 30
 	b.Limits.MaxConcurrentWatches = 3
-	e.SetPolicy(t0.Add(500*ms), mustPolicy(t, b, Budget{Name: "other"}))
+	e.SetPolicy(t0.Add(500*ms), mustPolicy(t, b, other))
 	// 0.5 tokens accrued at the old rate until the edit, 0.25 since.
 	expect(t, "after the edit", e.Decide(t0.Add(s), watchIn("c")), false, ReasonRateLimited, 500*ms)
 	expect(t, "backoff survives", e.Decide(t0.Add(2*s), watchIn("b")), false, ReasonBackingOff, 8*s)
@@ -49,12 +51,14 @@ func TestSetPolicyKeepsState(t *testing.T) {
 	}
 
 	// Removing the budget frees its state; its watches may still end.
-	e.SetPolicy(t0.Add(3*s), mustPolicy(t, Budget{Name: "other"}))
-	if got := tracked(e); got != 0 {
-		t.Errorf("tracked keys after removal = %d, want 0", got)
+	e.SetPolicy(t0.Add(3*s), mustPolicy(t, other))
+	// Only the identity holding watches (a and c) is kept, for a budget
+	// that may govern them again (see TestOpenWatchesCountAcrossBudgetChanges).
+	if ids, keys := e.identities.count(), e.backoffKeys.count(); ids != 1 || keys != 0 {
+		t.Errorf("after removal: %d identities, %d backoff keys tracked, want 1 and 0", ids, keys)
 	}
 	e.WatchEnded(t0.Add(3*s), w1.Watch, 3*s, OutcomeError)
-	if got := tracked(e); got != 0 {
+	if got := e.backoffKeys.count(); got != 0 {
 		t.Errorf("a removed budget's watch learned backoff: %d keys", got)
 	}
 

@@ -91,6 +91,45 @@ type identity struct {
 	opens uint32
 	// obs is what the identity did, for its budget's observed peaks.
 	obs observation
+	// watches lists its open watches' slots (see slot).
+	watches *slot
+}
+
+// link adds s to the identity's open watches and makes it s's owner.
+// id.sh.mu is held.
+func (id *identity) link(s *slot) {
+	s.prev, s.next = nil, id.watches
+	if id.watches != nil {
+		id.watches.prev = s
+	}
+	id.watches = s
+	s.owner.Store(id)
+}
+
+// unlink removes s from the identity's open watches. id.sh.mu is held.
+func (id *identity) unlink(s *slot) {
+	if s.prev != nil {
+		s.prev.next = s.next
+	} else {
+		id.watches = s.next
+	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	}
+	s.prev, s.next = nil, nil
+}
+
+// lockOwner locks the shard of s's owner and returns the owner, which
+// cannot change until the lock is released.
+func lockOwner(s *slot) *identity {
+	for {
+		id := s.owner.Load()
+		id.sh.mu.Lock()
+		if s.owner.Load() == id {
+			return id
+		}
+		id.sh.mu.Unlock()
+	}
 }
 
 // newBudgetState is the state of budget b, which appears at now.

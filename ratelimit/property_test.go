@@ -148,11 +148,11 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if b%5 == 0 {
 				outcome = OutcomeError
 			}
-			before := backoffOf(ad.w)
+			before, held := backoffOf(ad.w), heldBy(ad.w)
 			e.WatchEnded(now, ad.w, lifetime, outcome)
 			ended = append(ended, ad.w)
 			if ad.user != "dreamer" {
-				checkBackoff(t, e, ad.w, before, now, lifetime, outcome, bo)
+				checkBackoff(t, e, held, before, now, lifetime, outcome, bo)
 			}
 		case 4: // a watch is released again
 			if len(ended) > 0 {
@@ -211,14 +211,28 @@ func staleIn(reports map[uint64]time.Time, rv string, now time.Time, sv StaleVer
 
 // backoffOf returns a copy of the backoff of w's identity.
 func backoffOf(w Watch) map[watchKey]backoffState {
-	w.id.sh.mu.Lock()
-	defer w.id.sh.mu.Unlock()
-	return maps.Clone(w.id.backoff)
+	id := lockOwner(w.slot)
+	defer id.sh.mu.Unlock()
+	return maps.Clone(id.backoff)
+}
+
+// heldWatch is an open watch's identity and key, which its slot forgets
+// when it ends.
+type heldWatch struct {
+	id  *identity
+	req requestKey
+}
+
+// heldBy returns the identity and key of w, an open watch.
+func heldBy(w Watch) heldWatch {
+	id := lockOwner(w.slot)
+	defer id.sh.mu.Unlock()
+	return heldWatch{id: id, req: w.slot.req}
 }
 
 // checkBackoff checks what the end of w, just reported, did to the
 // backoff of its key, which was before.
-func checkBackoff(t *testing.T, e *Engine, w Watch, before map[watchKey]backoffState, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
+func checkBackoff(t *testing.T, e *Engine, w heldWatch, before map[watchKey]backoffState, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
 	t.Helper()
 	sh := w.id.sh
 	sh.mu.Lock()

@@ -187,14 +187,9 @@ type Decision struct {
 type Watch struct {
 	slot *slot
 	gen  uint64
-	id   *identity
 	// agg is the impersonating caller's aggregate identity the watch is
 	// also charged to; nil when none.
 	agg *identity
-	// req is the request's watch key as sent, kept only while the caller
-	// holds the Watch: the engine stores its hash (watchKey), and computes
-	// it only when the watch's end changes backoff.
-	req requestKey
 }
 
 // Valid reports whether w holds a slot (the zero Watch holds none).
@@ -205,8 +200,32 @@ func (w Watch) Valid() bool { return w.slot != nil }
 // of that Watch (even after the slot was recycled for another watch) find a
 // different generation and do nothing. Slots are pooled so that admitting
 // a watch does not allocate.
+//
+// While its watch is open a slot is also the engine's record of it: linked
+// into its identity's open watches (identity.watches), with what matching
+// the request needs, so that a policy swap can move it to the budget that
+// governs it then (Engine.regovern). owner is its identity; it changes
+// only with both shards' locks held, and is read with lockOwner.
 type slot struct {
 	gen atomic.Uint64
+
+	owner      atomic.Pointer[identity]
+	prev, next *slot // guarded by owner's shard lock
+	// user, groups and impersonated are the request's, for matching; req
+	// is its watch key as sent: the engine stores its hash (watchKey),
+	// and computes it only when the watch's end changes backoff. They
+	// refer to the request's strings until the watch ends.
+	user         string
+	groups       []string
+	impersonated bool
+	req          requestKey
+}
+
+// release drops what the slot refers to, before it goes back to the pool.
+func (s *slot) release() {
+	s.owner.Store(nil)
+	s.prev, s.next = nil, nil
+	s.user, s.groups, s.impersonated, s.req = "", nil, false, requestKey{}
 }
 
 var slots = sync.Pool{New: func() any { return new(slot) }}

@@ -31,6 +31,10 @@ type Suggested struct {
 	// WouldRefuse is how many observed identities the current limits
 	// certainly refused or would have (see Suggest).
 	WouldRefuse int64
+	// StaleLoops is how many observed identities were answered "too old"
+	// locally at least once: a budget whose StaleVersions.Action is
+	// StaleReject refuses them whatever its limits.
+	StaleLoops int64
 	// Identities is how many identities the suggestion rests on.
 	Identities int64
 }
@@ -56,6 +60,10 @@ type Suggested struct {
 // MaxConcurrentWatches, lists in a minute above ListsPerMinute + ListBurst
 // — for each limit that is set. It is the most any one limit refuses,
 // since sketches do not tell which identities are the same: a lower bound.
+// StaleLoops counts the identities answered stale, which no limit changes.
+// Refusals for backoff are not observed: a client whose watches keep
+// failing is held back whatever the limits, so neither the suggestion nor
+// WouldRefuse accounts for them.
 func Suggest(op *ObservedPeaks, current Limits, s Suggestion) Suggested {
 	share, headroom := s.Share, s.HeadroomPercent
 	if share <= 0 {
@@ -77,6 +85,7 @@ func Suggest(op *ObservedPeaks, current Limits, s Suggestion) Suggested {
 		WatchBurst:           scale(&op.WatchBurst),
 		MaxConcurrentWatches: scale(&op.ConcurrentWatches),
 		Identities:           op.Identities,
+		StaleLoops:           op.StaleAnswersPerMinute.Above(0),
 	}
 	if out.WatchBurst > 0 {
 		out.WatchBurst = max(out.WatchBurst, current.InitialStateCost)

@@ -53,6 +53,9 @@ func (e *Engine) Sweep(now time.Time) (evicted int) {
 			sh.mu.Unlock()
 		}
 	}
+	e.swapMu.Lock()
+	e.dropOrphans()
+	e.swapMu.Unlock()
 	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory)
 }
 

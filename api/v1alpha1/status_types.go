@@ -62,7 +62,8 @@ type WatchBudgetStatus struct {
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
 	// change; a change of decisions alone waits up to 5 minutes. Entries of
-	// replicas whose pod is gone are pruned. At most 256.
+	// replicas whose pod is gone are pruned by the leader of their
+	// namespace. At most 256.
 	// +listType=map
 	// +listMapKey=pod
 	// +kubebuilder:validation:MaxItems=256
@@ -102,6 +103,14 @@ type ReplicaStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +required
 	Pod string `json:"pod"`
+
+	// namespace is the namespace of the replica's pod: only the leader of
+	// the install in that namespace prunes the entry, so that installs in
+	// other namespaces sharing the CRD keep theirs. Empty for a replica
+	// that runs outside a cluster. At most 63 characters.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
 
 	// observedGeneration is the budget generation this replica enforces.
 	// +kubebuilder:validation:Minimum=0
@@ -220,8 +229,13 @@ type SuggestedLimits struct {
 	// exceeds what a limit admits (opens in a minute above
 	// watchOpensPerMinute + watchBurst, in a second above watchBurst +
 	// watchOpensPerMinute/60, watches at once above maxConcurrentWatches,
-	// lists in a minute above listsPerMinute + listBurst). It is the most
-	// that any one limit refuses: a lower bound.
+	// lists in a minute above listsPerMinute + listBurst), and, while
+	// staleVersions.action is Reject, those answered "too old" locally
+	// (stale loops, refused whatever the limits). It is the most that any
+	// one of these refuses: a lower bound. Refusals for backoff are not
+	// counted, nor would any limit change them: a client whose watches
+	// keep failing is held back whatever the limits (see decisions'
+	// BackingOff).
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	WouldRefuse int64 `json:"wouldRefuse"`

@@ -3,17 +3,11 @@ package apiserver
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/discovery"
 )
 
 // BuildHelm builds the helm pinned in hack/tools/go.mod into dir and
@@ -50,34 +44,10 @@ func Helm(ctx context.Context, bin, kubeconfig string, args ...string) (string, 
 }
 
 // HelmInstall runs `helm args...`, an install (or upgrade --install) of
-// the watchgate chart. The chart creates its WatchBudgets in a
-// post-install hook, after the CRD it creates with the release; Helm runs
-// that hook as soon as it has created the release's objects, unless
-// --wait (which needs pods to run, so not on the test bed) makes it wait
-// for them. If the API server does not serve the WatchBudget kind yet,
-// the hook fails with "ensure CRDs are installed first".
-// docs/operators.md gives operators the remedy for that failure, and
-// HelmInstall applies it once: wait until the kind is served, then
-// `helm upgrade`, which runs the hooks again. logf reports that it did.
+// the watchgate chart, and returns its stdout. The chart holds no custom
+// resource and no hook (watchgate's leader creates the default budgets),
+// so Helm needs neither --wait nor the CRD to be served first; logf is
+// kept for callers that log what an install did.
 func (e *Env) HelmInstall(ctx context.Context, bin string, logf func(string, ...any), args ...string) (string, error) {
-	out, err := Helm(ctx, bin, e.Kubeconfig, args...)
-	if err == nil || !strings.Contains(err.Error(), "ensure CRDs are installed first") || len(args) == 0 {
-		return out, err
-	}
-	logf("helm answered before the API server served the WatchBudget kind; waiting for it, then `helm upgrade` (docs/operators.md, Troubleshooting): %v", err)
-	dc, derr := discovery.NewDiscoveryClientForConfig(e.Config)
-	if derr != nil {
-		return out, errors.Join(err, derr)
-	}
-	if werr := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		_, gerr := dc.ServerResourcesForGroupVersion("watchgate.io/v1alpha1")
-		return gerr == nil, nil
-	}); werr != nil {
-		return out, errors.Join(err, fmt.Errorf("the API server did not serve watchgate.io/v1alpha1: %w", werr))
-	}
-	upgrade := slices.Clone(args)
-	if upgrade[0] == "install" {
-		upgrade[0] = "upgrade"
-	}
-	return Helm(ctx, bin, e.Kubeconfig, upgrade...)
+	return Helm(ctx, bin, e.Kubeconfig, args...)
 }

@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/yaml"
 
-	"github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
 	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
@@ -32,14 +31,15 @@ import (
 
 const agentGroup = "agents.inject.watchgate.test"
 
-// chartBudgets renders the chart's default WatchBudgets with both
-// switched to Enforce and compiles them as the controllers would.
+// chartBudgets renders the chart's default WatchBudgets (the Deployment's
+// --bootstrap-budgets) with both switched to Enforce and compiles them as
+// the controllers would.
 func chartBudgets(t *testing.T) map[string]ratelimit.Budget {
 	t.Helper()
 	root := apiserver.RepoRoot()
 	cmd := exec.CommandContext(t.Context(), "go", "tool", "-modfile="+filepath.Join(root, "hack", "tools", "go.mod"), "helm", "template", "watchgate",
 		filepath.Join(root, "charts", "watchgate"), "--namespace", "watchgate-system", "--kube-version", "1.37.2",
-		"--show-only", "templates/watchbudgets.yaml",
+		"--show-only", "templates/deployment.yaml",
 		"--set", "defaultBudget.enforcement=Enforce", "--set", "agentsBudget.enforcement=Enforce")
 	cmd.Dir = root
 	var stderr bytes.Buffer
@@ -48,13 +48,36 @@ func chartBudgets(t *testing.T) map[string]ratelimit.Budget {
 	if err != nil {
 		t.Fatalf("helm template: %v: %s", err, stderr.String())
 	}
-	budgets := map[string]ratelimit.Budget{}
-	for _, doc := range strings.Split(string(out), "\n---") {
-		if !strings.Contains(doc, "kind: WatchBudget") {
-			continue
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Args []string `json:"args"`
+					} `json:"containers"`
+				} `json:"spec"`
+			} `json:"template"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(out, &dep); err != nil {
+		t.Fatal(err)
+	}
+	var flag string
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		for _, a := range c.Args {
+			if v, ok := strings.CutPrefix(a, "--bootstrap-budgets="); ok {
+				flag = v
+			}
 		}
-		wb := &v1alpha1.WatchBudget{}
-		if err := yaml.Unmarshal([]byte(doc), wb); err != nil {
+	}
+	boot, err := controllers.ParseBootstrapBudgets(flag)
+	if err != nil {
+		t.Fatalf("the chart's --bootstrap-budgets: %v", err)
+	}
+	budgets := map[string]ratelimit.Budget{}
+	for i := range boot {
+		wb, err := boot[i].WatchBudget()
+		if err != nil {
 			t.Fatal(err)
 		}
 		b, err := controllers.ToBudget(wb)

@@ -77,24 +77,6 @@ func TestKustomizeDefaultAppliesToTheAPIServer(t *testing.T) {
 	}
 }
 
-// TestKustomizeBudgetsApplyToTheAPIServer dry-run applies the second step
-// of the kustomize install, config/default/budgets.
-func TestKustomizeBudgetsApplyToTheAPIServer(t *testing.T) {
-	installPrerequisites(t)
-	manifests := kustomizeBudgets(t)
-	find(t, decode(t, manifests), "WatchBudget", "watchgate-default")
-	applyDryRun(t, manifests)
-}
-
-func kustomizeBudgets(t *testing.T) string {
-	t.Helper()
-	out, err := kubectl(t, "", "kustomize", filepath.Join(root, "config", "default", "budgets"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // kustomizeDefault renders config/default, with a component of
 // config/default/components when component is not empty (through a
 // temporary overlay, as an operator would).

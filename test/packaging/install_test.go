@@ -4,16 +4,21 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/watchgate/watchgate/controllers"
 )
 
 // TestHelmInstallUpgradeUninstall drives the chart's life cycle through a
 // real Helm release on the test API server: the first install (CRD as a
-// template, WatchBudgets from the post-install hook once the CRD exists),
-// NOTES.txt, an upgrade that keeps the generated certificate clients
+// template, no hook and no custom resource, so no --wait and no retry),
+// NOTES.txt, an upgrade that changes a default budget (in the flags the
+// leader bootstraps it from) and keeps the generated certificate clients
 // already trust, one that turns injection on and so reissues it for the
 // webhook's Service, and an uninstall that keeps the CRD and the budgets.
 func TestHelmInstallUpgradeUninstall(t *testing.T) {
@@ -29,13 +34,20 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 			t.Errorf("helm install output lacks %q:\n%s", want, firstInstall)
 		}
 	}
-
-	// The budgets the hook created: the catch-all rejects nothing.
-	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "DryRun" {
-		t.Errorf("watchgate-default enforcement = %q, want DryRun", got)
+	if hooks, err := helm(t, "get", "hooks", releaseName, "--namespace", releaseNamespace); err != nil || strings.TrimSpace(hooks) != "" {
+		t.Errorf("the release has hooks (%v):\n%s", err, hooks)
 	}
-	if got := kubectlOK(t, "get", "wb", "watchgate-exempt", "-o", "jsonpath={.spec.enforcement}/{.spec.subjects[0].name}"); got != "Exempt/system:masters" {
-		t.Errorf("watchgate-exempt = %q, want Exempt/system:masters", got)
+	manifest, err := helm(t, "get", "manifest", releaseName, "--namespace", releaseNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range decode(t, manifest) {
+		if o.GroupVersionKind().Group == "watchgate.io" {
+			t.Errorf("the release holds %s %s: Helm would own (and re-create) what watchgate bootstraps", o.GetKind(), o.GetName())
+		}
+	}
+	if got := bootstrapEnforcement(t, "watchgate-default"); got != "DryRun" {
+		t.Errorf("watchgate-default enforcement in --bootstrap-budgets = %q, want DryRun", got)
 	}
 
 	// The generated serving certificate is signed by the CA in the same
@@ -44,7 +56,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	verifyServingCert(t, cert, secretKey(t, "ca.crt"), "watchgate.helm-install.svc")
 
 	// An upgrade that changes a budget keeps the certificate (looked up,
-	// not regenerated) and re-creates the budget from the values.
+	// not regenerated) and hands the new spec to the leader in its flags.
 	out, err := helm(t, "upgrade", releaseName, chart, "--namespace", releaseNamespace, "--reuse-values", "--set", "defaultBudget.enforcement=Enforce", "--timeout=2m")
 	if err != nil {
 		t.Fatal(err)
@@ -55,8 +67,8 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	if got := secretKey(t, "tls.crt"); got != cert {
 		t.Error("helm upgrade replaced the generated certificate; clients trusting the old CA would break")
 	}
-	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "Enforce" {
-		t.Errorf("after upgrade, watchgate-default enforcement = %q, want Enforce", got)
+	if got := bootstrapEnforcement(t, "watchgate-default"); got != "Enforce" {
+		t.Errorf("after upgrade, watchgate-default enforcement in --bootstrap-budgets = %q, want Enforce", got)
 	}
 
 	// Turning injection on, the documented way, adds the webhook Service's
@@ -90,6 +102,9 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 
 	// Uninstall removes the workload but keeps the CRD, and with it every
 	// WatchBudget.
+	kept := fmt.Sprintf("install-kept-%d", time.Now().UnixNano())
+	kubectlIn(t, "apiVersion: watchgate.io/v1alpha1\nkind: WatchBudget\nmetadata:\n  name: "+kept+"\nspec:\n  subjects: [{kind: User, name: "+kept+"}]\n", "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = kubectl(t, "", "delete", "wb", kept, "--ignore-not-found") })
 	if _, err := helm(t, "uninstall", releaseName, "--namespace", releaseNamespace, "--wait", "--timeout=2m"); err != nil {
 		t.Fatal(err)
 	}
@@ -97,16 +112,73 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		t.Errorf("the Deployment survived helm uninstall: %s", out)
 	}
 	kubectlOK(t, "get", "crd", "watchbudgets.watchgate.io")
-	kubectlOK(t, "get", "wb", "watchgate-default")
+	kubectlOK(t, "get", "wb", kept)
 
-	// Installing again adopts the kept CRD (a later test binary run, or an
-	// operator reinstalling).
-	if _, err := helmInstall(t, "install", releaseName, chart, "--namespace", releaseNamespace, "--timeout=2m"); err != nil {
+	// Installing again, without --wait, adopts the kept CRD (a later test
+	// binary run, or an operator reinstalling).
+	if _, err := helm(t, "install", releaseName, chart, "--namespace", releaseNamespace, "--timeout=2m"); err != nil {
 		t.Fatalf("reinstall over the kept CRD: %v", err)
 	}
-	if got := kubectlOK(t, "get", "wb", "watchgate-default", "-o", "jsonpath={.spec.enforcement}"); got != "DryRun" {
-		t.Errorf("after reinstall, watchgate-default enforcement = %q, want DryRun", got)
+	if got := bootstrapEnforcement(t, "watchgate-default"); got != "DryRun" {
+		t.Errorf("after reinstall, watchgate-default enforcement in --bootstrap-budgets = %q, want DryRun", got)
 	}
+}
+
+// TestHelmTemplateAppliesInOneRun applies `helm template`'s output for
+// real with one server-side apply, as Argo CD does after the CRD and
+// `helm template | kubectl apply -f -` does with it: the output holds no
+// custom resource, whose kind a first apply could not map. (The CRD is the
+// test bed's, shared with the other tests, so it is checked, not applied.)
+func TestHelmTemplateAppliesInOneRun(t *testing.T) {
+	installPrerequisites(t)
+	const ns = "template-apply"
+	createNamespace(t, ns)
+	var objs []string
+	for _, o := range decode(t, render(t, "tmpl", ns)) {
+		switch {
+		case o.GroupVersionKind().Group == "watchgate.io":
+			t.Errorf("the chart renders %s %s: a first apply cannot map it", o.GetKind(), o.GetName())
+		case o.GetKind() == "CustomResourceDefinition":
+		default:
+			objs = append(objs, toYAML(t, o))
+		}
+	}
+	manifests := strings.Join(objs, "\n---\n")
+	if out, err := kubectl(t, manifests, "apply", "--server-side", "--field-manager=argocd-controller", "-f", "-"); err != nil {
+		t.Fatalf("one apply of everything: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = kubectl(t, manifests, "delete", "--ignore-not-found", "--wait=false", "-f", "-") })
+	if got := kubectlOK(t, "get", "deployment", "tmpl-watchgate", "-n", ns, "-o", "jsonpath={.spec.replicas}"); got != "2" {
+		t.Errorf("the applied Deployment has %q replicas, want 2", got)
+	}
+}
+
+// bootstrapEnforcement is the enforcement of budget name in the installed
+// release's --bootstrap-budgets.
+func bootstrapEnforcement(t *testing.T, name string) string {
+	t.Helper()
+	manifest, err := helm(t, "get", "manifest", releaseName, "--namespace", releaseNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range stringSlice(container(t, find(t, decode(t, manifest), "Deployment", "watchgate")), "args") {
+		v, ok := strings.CutPrefix(a, "--bootstrap-budgets=")
+		if !ok {
+			continue
+		}
+		budgets, err := controllers.ParseBootstrapBudgets(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range budgets {
+			if b.Name == name {
+				e, _ := b.Spec["enforcement"].(string)
+				return e
+			}
+		}
+	}
+	t.Fatalf("no budget %s in the release's --bootstrap-budgets", name)
+	return ""
 }
 
 func kubectlOK(t *testing.T, args ...string) string {

@@ -21,7 +21,8 @@ import (
 )
 
 // TestChartPodRunsWithTheChartsRBAC runs the watchgate binary the way the
-// installed chart's Deployment does — its arguments, its environment, its
+// installed chart's Deployment does (its leader creating the default
+// budgets from the chart's flags) — its arguments, its environment, its
 // certificate from the chart's Secret — as the chart's ServiceAccount, with
 // only the permissions the chart grants. The test bed has no kubelet, so the
 // test plays it: a missing permission (a Lease, a status patch, a
@@ -148,11 +149,22 @@ func TestChartPodRunsWithTheChartsRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+sa.Token)
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("watch through the proxy: %v", err)
-	}
-	resp.Body.Close()
+	// The leader creates the chart's default budgets (--bootstrap-budgets)
+	// with the chart's RBAC, and every replica then enforces them.
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 60*time.Second, "the bootstrapped budgets", func() bool {
+		out, err := kubectl(t, "", "get", "wb", "watchgate-default", "watchgate-agents", "watchgate-exempt",
+			"-o", `jsonpath={range .items[*]}{.metadata.labels.watchgate\.io/bootstrap}{" "}{end}`)
+		return err == nil && strings.Count(out, releaseNamespace) == 3
+	})
+	var resp *http.Response
+	apiserver.WaitWhileRunning(t, exited, &waitErr, 30*time.Second, "a watch governed by the agents budget", func() bool {
+		resp, err = client.Do(req.Clone(t.Context()))
+		if err != nil {
+			t.Fatalf("watch through the proxy: %v", err)
+		}
+		resp.Body.Close()
+		return strings.Contains(resp.Header.Get("X-Watchgate-Decision"), "budget=watchgate-agents")
+	})
 	// The reader may not list configmaps: the API server's own 403, passed
 	// through, with the decision header of the budget that governed it.
 	if resp.StatusCode != http.StatusForbidden {

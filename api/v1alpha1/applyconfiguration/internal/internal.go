@@ -156,6 +156,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: lastUpdateTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: namespace
+      type:
+        scalar: string
     - name: observed
       type:
         namedType: com.github.watchgate.watchgate.api.v1alpha1.ObservedPeaks

@@ -13,6 +13,11 @@ import (
 type ReplicaStatusApplyConfiguration struct {
 	// pod is the name of the replica's pod. Required; 1 to 253 characters.
 	Pod *string `json:"pod,omitempty"`
+	// namespace is the namespace of the replica's pod: only the leader of
+	// the install in that namespace prunes the entry, so that installs in
+	// other namespaces sharing the CRD keep theirs. Empty for a replica
+	// that runs outside a cluster. At most 63 characters.
+	Namespace *string `json:"namespace,omitempty"`
 	// observedGeneration is the budget generation this replica enforces.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// activeWatches is the number of watches governed by this budget open
@@ -53,6 +58,14 @@ func ReplicaStatus() *ReplicaStatusApplyConfiguration {
 // If called multiple times, the Pod field is set to the value of the last call.
 func (b *ReplicaStatusApplyConfiguration) WithPod(value string) *ReplicaStatusApplyConfiguration {
 	b.Pod = &value
+	return b
+}
+
+// WithNamespace sets the Namespace field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Namespace field is set to the value of the last call.
+func (b *ReplicaStatusApplyConfiguration) WithNamespace(value string) *ReplicaStatusApplyConfiguration {
+	b.Namespace = &value
 	return b
 }
 

@@ -42,8 +42,13 @@ type SuggestedLimitsApplyConfiguration struct {
 	// exceeds what a limit admits (opens in a minute above
 	// watchOpensPerMinute + watchBurst, in a second above watchBurst +
 	// watchOpensPerMinute/60, watches at once above maxConcurrentWatches,
-	// lists in a minute above listsPerMinute + listBurst). It is the most
-	// that any one limit refuses: a lower bound.
+	// lists in a minute above listsPerMinute + listBurst), and, while
+	// staleVersions.action is Reject, those answered "too old" locally
+	// (stale loops, refused whatever the limits). It is the most that any
+	// one of these refuses: a lower bound. Refusals for backoff are not
+	// counted, nor would any limit change them: a client whose watches
+	// keep failing is held back whatever the limits (see decisions'
+	// BackingOff).
 	WouldRefuse *int64 `json:"wouldRefuse,omitempty"`
 	// identities is how many identities the suggestion rests on, summed
 	// over the replicas: an identity served by two replicas counts twice,

@@ -23,7 +23,10 @@ import (
 //
 // Limits are per identity: every user a budget governs gets its own token
 // buckets, its own cap on concurrent watches and its own backoff. Editing a
-// budget keeps every identity's accrued state; deleting it frees that state.
+// budget keeps every identity's accrued state; deleting it frees its
+// buckets and backoff. An open watch counts against the budget that
+// governs it now: when a budget is deleted and created again, or another
+// budget takes an identity over, the watches it holds open count there.
 type WatchBudgetApplyConfiguration struct {
 	v1.TypeMetaApplyConfiguration    `json:""`
 	*v1.ObjectMetaApplyConfiguration `json:"metadata,omitempty"`

@@ -39,7 +39,8 @@ type WatchBudgetStatusApplyConfiguration struct {
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
 	// change; a change of decisions alone waits up to 5 minutes. Entries of
-	// replicas whose pod is gone are pruned. At most 256.
+	// replicas whose pod is gone are pruned by the leader of their
+	// namespace. At most 256.
 	Replicas []ReplicaStatusApplyConfiguration `json:"replicas,omitempty"`
 }
 
