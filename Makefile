@@ -35,6 +35,10 @@ plugin-dist: ## Build the plugin's release archives for krew (.krew.yaml): bin/p
 testbin: ## Build (once, cached by version) the test bed's kube-apiserver, etcd and kubectl; prints where.
 	@hack/testbin.sh
 
+.PHONY: cluster
+cluster: ## Start a one-node cluster (kubelet + containerd, kube-proxy, CoreDNS; root, Linux) until Ctrl-C; builds its binaries once, cached by version.
+	@hack/cluster.sh run
+
 .PHONY: manifests
 manifests: ## Render CRD and RBAC from the API types' markers into config/ and the chart.
 	$(CONTROLLER_GEN) rbac:roleName=watchgate-manager crd paths=. paths=./api/... paths=./controllers paths=./proxy/... \
@@ -54,12 +58,14 @@ vet: ## go vet every package.
 	go vet ./...
 
 .PHONY: test
-test: ## Run every test (unit, integration, end to end) against a real kube-apiserver + etcd, with -race.
+test: ## Run every test (unit, integration, end to end) against a real kube-apiserver + etcd and, as root on Linux, a one-node cluster (test/cluster), with -race.
 	@assets=$$(hack/testbin.sh) && \
+	if [[ $$(uname) == Linux && $$(id -u) == 0 ]]; then hack/cluster.sh >/dev/null; \
+	else echo "!!! not root on Linux: the cluster tests (test/cluster) will SKIP"; fi && \
 	echo ">> go vet ./..." && go vet ./... && \
 	echo ">> go test -race -count=1 ./... (KUBEBUILDER_ASSETS=$$assets)" && \
 	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./... && \
-	for m in hack/bench hack/demo hack/image; do \
+	for m in hack/bench hack/cluster hack/demo hack/image; do \
 	  echo ">> go vet + go test -race ./... in $$m (its own module)" && \
 	  (cd $$m && go vet ./... && go test -race -count=1 ./...) || exit 1; \
 	done
