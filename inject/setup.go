@@ -54,7 +54,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inject: cache: %w", err)
 	}
-	if err := mgr.Add(local); err != nil {
+	if err := mgr.Add(replicaCache{local}); err != nil {
 		return nil, err
 	}
 	if err := mgr.Add(opts.CA); err != nil {
@@ -105,6 +105,18 @@ func newLocalCache(mgr ctrl.Manager) (cache.Cache, error) {
 		},
 	})
 }
+
+// replicaCache runs the injector's cache as the manager runs its own: on
+// every replica, leader or not, started and synced before the manager
+// starts its other runnables. The webhook server runs on every replica and
+// reads this cache on whichever one kube-apiserver calls; a bare cache.Cache
+// is a leader-election runnable to the manager, started on the leader
+// only, and the other replicas would answer every pod "namespace unknown:
+// the cache is not started" and admit it unrouted (failurePolicy Ignore).
+type replicaCache struct{ cache.Cache }
+
+// GetCache puts c in the manager's group of caches (hasCache).
+func (c replicaCache) GetCache() cache.Cache { return c.Cache }
 
 // keepNameAndLabels strips a metadata-only object down to what the
 // injector reads.
