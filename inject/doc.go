@@ -28,7 +28,9 @@
 //
 // Both read from the injector's own cache (newLocalCache): namespaces' and
 // labelled pods' metadata, names and labels only, and the ConfigMaps named
-// watchgate-root-ca.crt; nothing else of the cluster.
+// watchgate-root-ca.crt; nothing else of the cluster. The cache runs on
+// every replica, like the webhook server that reads it (replicaCache):
+// kube-apiserver calls whichever replica its connection reaches.
 //
 // Which names the webhook never routes: kube-system and watchgate's own
 // namespace, whatever their labels say (its configuration also excludes

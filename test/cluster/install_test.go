@@ -2,11 +2,15 @@ package cluster
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/watchgate/watchgate/test/apiserver"
 )
 
 // TestHelmInstallWaitAsDocumented installs the chart with its default
@@ -43,9 +47,19 @@ func TestHelmInstallWaitAsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"watchgate-exempt", "watchgate-default"} {
-		if !strings.Contains(wb, "/"+want+"\n") {
-			t.Errorf("kubectl get wb: no %s in\n%s", want, wb)
+	// docs/operators.md's table of what the install creates names every
+	// budget the chart created.
+	docs, err := os.ReadFile(filepath.Join(apiserver.RepoRoot(), "docs", "operators.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	budgets := strings.Fields(strings.ReplaceAll(wb, "watchbudget.watchgate.io/", ""))
+	if len(budgets) < 2 {
+		t.Errorf("kubectl get wb: %q, want the chart's budgets", wb)
+	}
+	for _, b := range budgets {
+		if !strings.Contains(string(docs), "| WatchBudget `"+b+"` |") {
+			t.Errorf("docs/operators.md, Install with Helm: the table does not list the WatchBudget %s the chart created", b)
 		}
 	}
 	if _, err := cl.Clientset.CoreV1().Services(releaseNS).Get(ctx, webhookService, metav1.GetOptions{}); err != nil {
