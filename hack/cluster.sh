@@ -352,7 +352,7 @@ up() {
   lock
   start=$(date +%s%3N)
   # From here on, a failure undoes what was done.
-  trap 'rc=$?; if ((rc != 0)); then log "up failed; stopping what started"; "$here/cluster.sh" down "$dir" || true; fi' EXIT
+  trap 'rc=$?; if ((rc != 0)); then log "up failed; stopping what started"; exec 9>&-; "$here/cluster.sh" down "$dir" || true; fi' EXIT
   record
   configure
 
@@ -469,6 +469,10 @@ down() {
   stop containerd
   stop kube-apiserver
   stop etcd
+  # The processes held the lock; hold it until the host is restored, so
+  # that the next `up` records the host as it was before this cluster.
+  exec 9>>"$LOCK"
+  flock -w 60 9 || log "a process of $dir still holds $LOCK; restoring the host anyway"
   unmount_under "$dir/"
   if [[ -f $h/netns ]]; then
     for n in $(ls /run/netns 2>/dev/null); do
