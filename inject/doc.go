@@ -23,6 +23,8 @@
 //   - CAPublisher (leader only), like kube-controller-manager's
 //     kube-root-ca.crt publisher: it keeps the ConfigMap watchgate-root-ca.crt
 //     (key ca.crt) in every namespace that has the label or routed pods, and
+//     in watchgate's own (Options.PublishTo, where `kubectl watchgate top`
+//     reads it), and
 //     rewrites it when the CA file (--ca-file) changes; kubelet refreshes the
 //     projected file, so clients trust a rotated CA without a restart.
 //

@@ -21,6 +21,9 @@ type Options struct {
 	// ExcludedNamespaces are never routed and get no ConfigMap; always
 	// include kube-system and watchgate's own namespace.
 	ExcludedNamespaces []string
+	// PublishTo are namespaces that get the ConfigMap whatever their labels,
+	// even excluded ones: watchgate's own, for `kubectl watchgate top`.
+	PublishTo []string
 	// CA is the bundle published in watchgate-root-ca.crt. Required.
 	CA *CASource
 	// WebhookServer serves the webhook (at WebhookPath); nil runs only the
@@ -62,7 +65,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	}
 	p := &Pieces{Publisher: &CAPublisher{
 		Client: mgr.GetClient(), Local: local, CA: opts.CA,
-		ExcludedNamespaces: opts.ExcludedNamespaces,
+		ExcludedNamespaces: opts.ExcludedNamespaces, PublishTo: opts.PublishTo,
 	}}
 	if err := p.Publisher.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("inject: publisher: %w", err)
