@@ -47,8 +47,8 @@ func (w *watchTally) note(format string, args ...any) {
 // proxy Service while `helm upgrade` rolls the Deployment: every watch the
 // old replicas held ends with a complete response (the drain, not a cut
 // connection), its client reconnects to a ready replica, no request gets
-// a 5xx, and a replica is available throughout (maxUnavailable 0 and the
-// PodDisruptionBudget).
+// a 5xx, and a replica is available throughout (maxUnavailable 0), the
+// PodDisruptionBudget's healthy pods never below what it requires.
 func TestHelmUpgradeRollsUnder200Watches(t *testing.T) {
 	ensureRelease(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -111,6 +111,7 @@ func TestHelmUpgradeRollsUnder200Watches(t *testing.T) {
 	// A replica stays available throughout.
 	var minAvailable atomic.Int32
 	minAvailable.Store(99)
+	var pdbSeen, pdbBroken atomic.Bool
 	sampling, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
 	sampled := make(chan struct{})
@@ -119,6 +120,12 @@ func TestHelmUpgradeRollsUnder200Watches(t *testing.T) {
 		_ = wait.PollUntilContextCancel(sampling, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			if d, err := cs.AppsV1().Deployments(releaseNS).Get(ctx, deployment, metav1.GetOptions{}); err == nil && d.Status.AvailableReplicas < minAvailable.Load() {
 				minAvailable.Store(d.Status.AvailableReplicas)
+			}
+			if pdb, err := cs.PolicyV1().PodDisruptionBudgets(releaseNS).Get(ctx, deployment, metav1.GetOptions{}); err == nil {
+				pdbSeen.Store(true)
+				if pdb.Status.CurrentHealthy < pdb.Status.DesiredHealthy {
+					pdbBroken.Store(true)
+				}
 			}
 			return false, nil
 		})
@@ -151,6 +158,12 @@ func TestHelmUpgradeRollsUnder200Watches(t *testing.T) {
 	}
 	if tally.cleanEnds.Load() < rolloutWatches {
 		t.Errorf("%d watches ended complete, want at least the %d the old replicas held", tally.cleanEnds.Load(), rolloutWatches)
+	}
+	if !pdbSeen.Load() {
+		t.Errorf("no PodDisruptionBudget %s/%s: the chart renders one with 2 replicas", releaseNS, deployment)
+	}
+	if pdbBroken.Load() {
+		t.Errorf("the PodDisruptionBudget had fewer healthy pods than it requires during the rollout")
 	}
 	if minAvailable.Load() < 1 {
 		t.Errorf("the Deployment had %d available replicas during the rollout", minAvailable.Load())
