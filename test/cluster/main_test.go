@@ -27,7 +27,11 @@ var (
 const agentImage = "localhost/watchgate/agent:test"
 
 func TestMain(m *testing.M) {
-	os.Exit(Main(m, &cl, setup))
+	code := Main(m, &cl, setup)
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
 }
 
 func setup(c *Cluster) error {
