@@ -12,7 +12,7 @@ GOLANGCI_LINT := go tool -modfile=$(CURDIR)/hack/tools/go.mod golangci-lint
 # The modules under hack/ with code of their own, vetted, linted and tested
 # one by one (each has its own go.mod). hack/testbin (etcd's main, one line)
 # and hack/tools (no code) only have to be tidy.
-HACK_MODULES := hack/bench hack/demo hack/image
+HACK_MODULES := hack/bench hack/cluster hack/demo hack/image
 TIDY_MODULES := . $(HACK_MODULES) hack/testbin hack/tools
 
 .PHONY: help
@@ -40,6 +40,10 @@ plugin-dist: ## Build the plugin's release archives for krew (.krew.yaml): bin/p
 .PHONY: testbin
 testbin: ## Build (once, cached by version) the test bed's kube-apiserver, etcd and kubectl; prints where.
 	@hack/testbin.sh
+
+.PHONY: cluster
+cluster: ## Start a one-node cluster (kubelet + containerd, kube-proxy, CoreDNS; root, Linux) until Ctrl-C; builds its binaries once, cached by version.
+	@hack/cluster.sh run
 
 .PHONY: manifests
 manifests: ## Render CRD and RBAC from the API types' markers into config/ and the chart.
@@ -80,8 +84,10 @@ verify-tidy: ## Fail when `go mod tidy` would change the go.mod or go.sum of the
 	done
 
 .PHONY: test
-test: verify ## Run make verify, then every test (unit, integration, end to end) against a real kube-apiserver + etcd, with -race.
+test: verify ## Run make verify, then every test (unit, integration, end to end) against a real kube-apiserver + etcd and, as root on Linux, a one-node cluster (test/cluster), with -race.
 	@assets=$$(hack/testbin.sh) && \
+	if [[ $$(uname) == Linux && $$(id -u) == 0 ]]; then hack/cluster.sh >/dev/null; \
+	else echo "!!! not root on Linux: the cluster tests (test/cluster) will SKIP"; fi && \
 	echo ">> go vet ./..." && go vet ./... && \
 	echo ">> go test -race -count=1 ./... (KUBEBUILDER_ASSETS=$$assets)" && \
 	KUBEBUILDER_ASSETS=$$assets go test -race -count=1 -timeout 40m ./... && \

@@ -394,6 +394,7 @@ func setupInjection(mgr ctrl.Manager, o *options) (webhook.Server, error) {
 	_, err := inject.SetupWithManager(mgr, inject.Options{
 		Target:             inject.Target{Host: o.injectServiceHost, Port: int32(o.injectServicePort)},
 		ExcludedNamespaces: excluded,
+		PublishTo:          excluded[1:], // the pod's namespace, for kubectl watchgate top
 		CA:                 &inject.CASource{File: o.caFile},
 		WebhookServer:      srv,
 	})

@@ -23,12 +23,16 @@
 //   - CAPublisher (leader only), like kube-controller-manager's
 //     kube-root-ca.crt publisher: it keeps the ConfigMap watchgate-root-ca.crt
 //     (key ca.crt) in every namespace that has the label or routed pods, and
+//     in watchgate's own (Options.PublishTo, where `kubectl watchgate top`
+//     reads it), and
 //     rewrites it when the CA file (--ca-file) changes; kubelet refreshes the
 //     projected file, so clients trust a rotated CA without a restart.
 //
 // Both read from the injector's own cache (newLocalCache): namespaces' and
 // labelled pods' metadata, names and labels only, and the ConfigMaps named
-// watchgate-root-ca.crt; nothing else of the cluster.
+// watchgate-root-ca.crt; nothing else of the cluster. The cache runs on
+// every replica, like the webhook server that reads it (replicaCache):
+// kube-apiserver calls whichever replica its connection reaches.
 //
 // Which names the webhook never routes: kube-system and watchgate's own
 // namespace, whatever their labels say (its configuration also excludes

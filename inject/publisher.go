@@ -53,14 +53,19 @@ type CAPublisher struct {
 	Local cache.Cache
 	// CA is the bundle to publish.
 	CA *CASource
-	// ExcludedNamespaces get no ConfigMap.
+	// ExcludedNamespaces get no ConfigMap, unless PublishTo names them.
 	ExcludedNamespaces []string
+	// PublishTo get the ConfigMap whatever their labels: watchgate's own
+	// namespace, where `kubectl watchgate top` reads the CA with a Role in
+	// that namespace only.
+	PublishTo []string
 }
 
 // Reconcile publishes the CA in one namespace.
 func (p *CAPublisher) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	name := req.Name
-	if slices.Contains(p.ExcludedNamespaces, name) {
+	always := slices.Contains(p.PublishTo, name)
+	if !always && slices.Contains(p.ExcludedNamespaces, name) {
 		return reconcile.Result{}, nil
 	}
 	ns := metadataOf("Namespace")
@@ -70,7 +75,7 @@ func (p *CAPublisher) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if ns.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil
 	}
-	need := ns.Labels[LabelInject] == ValueEnabled
+	need := always || ns.Labels[LabelInject] == ValueEnabled
 	if !need {
 		pods := &metav1.PartialObjectMetadataList{}
 		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))

@@ -21,6 +21,9 @@ type Options struct {
 	// ExcludedNamespaces are never routed and get no ConfigMap; always
 	// include kube-system and watchgate's own namespace.
 	ExcludedNamespaces []string
+	// PublishTo are namespaces that get the ConfigMap whatever their labels,
+	// even excluded ones: watchgate's own, for `kubectl watchgate top`.
+	PublishTo []string
 	// CA is the bundle published in watchgate-root-ca.crt. Required.
 	CA *CASource
 	// WebhookServer serves the webhook (at WebhookPath); nil runs only the
@@ -54,7 +57,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inject: cache: %w", err)
 	}
-	if err := mgr.Add(local); err != nil {
+	if err := mgr.Add(replicaCache{local}); err != nil {
 		return nil, err
 	}
 	if err := mgr.Add(opts.CA); err != nil {
@@ -62,7 +65,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	}
 	p := &Pieces{Publisher: &CAPublisher{
 		Client: mgr.GetClient(), Local: local, CA: opts.CA,
-		ExcludedNamespaces: opts.ExcludedNamespaces,
+		ExcludedNamespaces: opts.ExcludedNamespaces, PublishTo: opts.PublishTo,
 	}}
 	if err := p.Publisher.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("inject: publisher: %w", err)
@@ -105,6 +108,18 @@ func newLocalCache(mgr ctrl.Manager) (cache.Cache, error) {
 		},
 	})
 }
+
+// replicaCache runs the injector's cache as the manager runs its own: on
+// every replica, leader or not, started and synced before the manager
+// starts its other runnables. The webhook server runs on every replica and
+// reads this cache on whichever one kube-apiserver calls; a bare cache.Cache
+// is a leader-election runnable to the manager, started on the leader
+// only, and the other replicas would answer every pod "namespace unknown:
+// the cache is not started" and admit it unrouted (failurePolicy Ignore).
+type replicaCache struct{ cache.Cache }
+
+// GetCache puts c in the manager's group of caches (hasCache).
+func (c replicaCache) GetCache() cache.Cache { return c.Cache }
 
 // keepNameAndLabels strips a metadata-only object down to what the
 // injector reads.

@@ -104,7 +104,7 @@ func (c *cluster) caBundle(ctx context.Context, o *topOptions) ([]byte, error) {
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("no ConfigMap %s in namespace %s to verify the replicas with: the CA publisher (injection on) writes it into "+
-			"namespaces labelled watchgate.io/inject=enabled; name one with --ca-namespace, or give the CA with --ca-file", caConfigMap, o.caNamespace)
+			"watchgate's namespace and namespaces labelled watchgate.io/inject=enabled; without injection give the CA with --ca-file", caConfigMap, o.caNamespace)
 	case err != nil:
 		return nil, fmt.Errorf("read ConfigMap %s/%s: %w", o.caNamespace, caConfigMap, err)
 	}

@@ -46,7 +46,7 @@ func (o *topOptions) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&o.limit, "limit", topv1alpha1.DefaultLimit, fmt.Sprintf("Identities listed per budget and replica, 1 to %d.", topv1alpha1.MaxLimit))
 	fs.StringVarP(&o.output, "output", "o", "", "Output format: empty for a table, or json.")
 	fs.StringVar(&o.caFile, "ca-file", "", "PEM file of the CA to verify replicas with, instead of the ConfigMap watchgate-root-ca.crt.")
-	fs.StringVar(&o.caNamespace, "ca-namespace", "", "Namespace to read the ConfigMap watchgate-root-ca.crt from; default the --namespace. The CA publisher writes it (with injection on) into every namespace labelled watchgate.io/inject=enabled.")
+	fs.StringVar(&o.caNamespace, "ca-namespace", "", "Namespace to read the ConfigMap watchgate-root-ca.crt from; default the --namespace. The CA publisher writes it (with injection on) into watchgate's namespace and every namespace labelled watchgate.io/inject=enabled.")
 	fs.StringSliceVar(&o.replicaURLs, "replica-url", nil, "Reach replicas at these https:// URLs instead of finding the Service's pods and port-forwarding to them (repeatable).")
 	fs.StringVar(&o.serverName, "replica-server-name", "", "Name to verify the replicas' certificate for; default <service>.<namespace>.svc.")
 }
