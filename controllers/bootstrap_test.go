@@ -224,7 +224,7 @@ func TestBootstrapAdoptsBudgetsOfTheHookChart(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there (%v)", err)
+		return fmt.Errorf("still there (%w)", err)
 	})
 	if err := admin.Get(ctx, client.ObjectKey{Name: theirs}, &v1alpha1.WatchBudget{}); err != nil {
 		t.Errorf("another install's budget: %v", err)

@@ -95,7 +95,9 @@ func TestSuggestedLimitsRefuseAtMostTheShareLeftOut(t *testing.T) {
 	}
 	for user := range refused {
 		var i int
-		fmt.Sscanf(user, "replay-%d", &i)
+		if _, err := fmt.Sscanf(user, "replay-%d", &i); err != nil {
+			t.Fatalf("refused identity %q is not one of the replay's: %v", user, err)
+		}
 		if i < 36 {
 			t.Errorf("%s, within the share, was refused %d times", user, refused[user])
 		}

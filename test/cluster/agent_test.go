@@ -146,7 +146,7 @@ func waitForLog(t *testing.T, ctx context.Context, ns, pod, want string) string 
 	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		b, err := cl.Clientset.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
 		if err != nil {
-			return false, nil // not started yet
+			return false, nil //nolint:nilerr // not started yet: poll again
 		}
 		logs = string(b)
 		return strings.Contains(logs, want), nil

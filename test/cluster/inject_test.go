@@ -298,7 +298,7 @@ func waitReplicasReady(t *testing.T, ctx context.Context, gone string) {
 		}
 		l, err := cl.Clientset.CoordinationV1().Leases(releaseNS).Get(ctx, "watchgate.watchgate.io", metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // the new leader has not written the Lease yet: poll again
 		}
 		holder, _, _ := strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "_")
 		return holder != "" && holder != gone, nil
