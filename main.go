@@ -382,8 +382,10 @@ func runInjector(ctx context.Context, mgr ctrl.Manager, o *options) error {
 // setupInjection adds the pod injection webhook and the CA publisher.
 func setupInjection(mgr ctrl.Manager, o *options) (webhook.Server, error) {
 	excluded := []string{"kube-system"}
+	var own []string // watchgate's namespace, for kubectl watchgate top
 	if o.podNamespace != "" {
-		excluded = append(excluded, o.podNamespace)
+		own = []string{o.podNamespace}
+		excluded = append(excluded, own...)
 	}
 	srv := webhook.NewServer(webhook.Options{
 		Port:     o.webhookPort,
@@ -394,7 +396,7 @@ func setupInjection(mgr ctrl.Manager, o *options) (webhook.Server, error) {
 	_, err := inject.SetupWithManager(mgr, inject.Options{
 		Target:             inject.Target{Host: o.injectServiceHost, Port: int32(o.injectServicePort)},
 		ExcludedNamespaces: excluded,
-		PublishTo:          excluded[1:], // the pod's namespace, for kubectl watchgate top
+		PublishTo:          own,
 		CA:                 &inject.CASource{File: o.caFile},
 		WebhookServer:      srv,
 	})
