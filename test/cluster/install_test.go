@@ -9,6 +9,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/watchgate/watchgate/test/apiserver"
 )
@@ -43,9 +44,13 @@ func TestHelmInstallWaitAsDocumented(t *testing.T) {
 			t.Errorf("pod %s runs %s, want make image's %s", p.Name, got, imageRef)
 		}
 	}
-	wb, err := cl.Kubectl(ctx, "get", "wb", "-o", "name")
-	if err != nil {
-		t.Fatal(err)
+	// watchgate's leader creates the default budgets once it is elected.
+	var wb string
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		wb, err = cl.Kubectl(ctx, "get", "wb", "-o", "name")
+		return err == nil && len(strings.Fields(wb)) >= 3, nil
+	}); err != nil {
+		t.Fatalf("kubectl get wb: %q (%v), want the three default budgets watchgate's leader creates", wb, err)
 	}
 	// docs/operators.md's table of what the install creates names every
 	// budget the chart created.
@@ -58,7 +63,7 @@ func TestHelmInstallWaitAsDocumented(t *testing.T) {
 		t.Errorf("kubectl get wb: %q, want the chart's budgets", wb)
 	}
 	for _, b := range budgets {
-		if !strings.Contains(string(docs), "| WatchBudget `"+b+"` |") {
+		if !strings.Contains(string(docs), "| WatchBudget `"+b+"` ") {
 			t.Errorf("docs/operators.md, Install with Helm: the table does not list the WatchBudget %s the chart created", b)
 		}
 	}
