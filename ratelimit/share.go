@@ -57,7 +57,8 @@ func scaleCount(limit int32, f float64) int32 {
 	if limit <= 0 || f >= 1 {
 		return limit
 	}
-	return max(1, int32(float64(limit)*f))
+	// The epsilon keeps a third of 30, computed as 0.333…·30, at 10.
+	return max(1, int32(float64(limit)*f+1e-9))
 }
 
 // Demand is what one replica reports of a budget's identities: each one's
@@ -131,13 +132,16 @@ func EqualShares(n int) *Shares {
 // identity prev did not have):
 //
 //	want_r = u_r / TargetUse, and at least Grow·s_r when u_r ≥ SaturatedUse·s_r
+//	         (the replica is saturated)
 //	W = Σ want_r
-//	s'_r = want_r + (1 − W)/N   when W ≤ 1 (the rest split evenly, as headroom)
-//	s'_r = want_r / W           otherwise (in proportion)
+//	s'_r = want_r / W           when a replica is saturated, or W > 1 (in proportion)
+//	s'_r = want_r + (1 − W)/N   otherwise (the rest split evenly, as headroom)
 //
 // so the fractions always sum to 1, and an identity that moves all its
-// clients to one replica gets its whole budget there within three rounds.
-// Fractions are rounded to 1/1000. Allocate is pure: the caller sets the
+// clients to one replica gets its whole budget there in one round; a
+// replica left with 0 still admits one watch (see Shares), and its use
+// then grows its fraction.
+// Allocate is pure: the caller sets the
 // pace (every 2 s, like KubeGateway's) and decides which replicas are live.
 func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation {
 	reports = slices.Clone(reports)
@@ -197,7 +201,7 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 		ids := make(map[string][]float64, len(users))
 		for _, user := range users {
 			want := make([]float64, n)
-			total := 0.0
+			total, saturated := 0.0, false
 			for i, r := range reports {
 				u := min(max(r.Budgets[budget].Identities[user], 0), float64(n))
 				if math.IsNaN(u) {
@@ -207,18 +211,17 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 				want[i] = u / TargetUse
 				if u > 0 && u >= SaturatedUse*s {
 					want[i] = max(want[i], Grow*s)
+					saturated = true
 				}
 				total += want[i]
 			}
 			fs := make([]float64, n)
 			for i := range want {
-				if total <= 1 {
+				if total <= 1 && !saturated {
 					fs[i] = want[i] + (1-total)/float64(n)
 				} else {
 					fs[i] = want[i] / total
 				}
-				// Rounded down, so that they never sum above 1.
-				fs[i] = math.Floor(fs[i]*1000) / 1000
 			}
 			ids[user] = fs
 		}
