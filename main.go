@@ -84,10 +84,6 @@ type options struct {
 	pprofBindAddress   string
 	leaderElect        bool
 	leaderElectionNS   string
-	// shareBudgets, with leaderElect, makes the replicas share each budget
-	// (controllers.ShareReporter); replicas is how many are expected.
-	shareBudgets bool
-	replicas     int
 	podName            string
 	podNamespace       string
 	upstreamTimeout    time.Duration
@@ -127,6 +123,11 @@ type options struct {
 	injectServiceHost string
 	injectServicePort int
 	clusterDomain     string
+
+	// shareBudgets, with leaderElect, makes the replicas share each budget
+	// (controllers.ShareReporter); replicas is how many are expected.
+	shareBudgets bool
+	replicas     int
 
 	zap zap.Options
 }
