@@ -153,3 +153,78 @@ func leaderSees(t *testing.T, ctx context.Context, ns, replica string) bool {
 	}
 	return false
 }
+
+// TestSharesAtTenThousandIdentities measures what the exchange costs when
+// each of three replicas serves 10,000 identities of one budget: the
+// writes per replica and the leader's over a minute of rounds, and the
+// size of the Leases, which MaxIdentities bounds whatever the identities.
+func TestSharesAtTenThousandIdentities(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := fmt.Sprintf("shares-10k-%d", time.Now().UnixNano())
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	})
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(start)
+	policy, err := ratelimit.NewPolicy([]ratelimit.Budget{{Name: "b", Limits: ratelimit.Limits{MaxConcurrentWatches: 30, WatchOpensPerMinute: 600, WatchBurst: 100}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const identities = 10000
+	reporters := make([]*controllers.ShareReporter, 3)
+	engines := make([]*ratelimit.Engine, 3)
+	for i := range reporters {
+		engines[i] = ratelimit.NewEngine(ratelimit.Options{Seed: 1})
+		engines[i].SetPolicy(clk.Now(), policy)
+		reporters[i] = &controllers.ShareReporter{Client: admin, Reader: admin, Engine: engines[i], Pod: fmt.Sprintf("r%d", i), Namespace: ns, Replicas: 3, Clock: clk}
+	}
+	leader := &controllers.ShareAllocator{Client: admin, Reader: admin, Namespace: ns, Pod: "r0", Clock: clk}
+	// Every round each identity opens a watch on each replica (some
+	// refused), holding a few: demand that changes every round.
+	const rounds = 30 // a minute at the default interval
+	for r := range rounds {
+		for i, e := range engines {
+			for u := range identities {
+				if (u+r+i)%7 == 0 {
+					e.Decide(clk.Now(), &ratelimit.Request{User: fmt.Sprintf("system:serviceaccount:team-%04d:agent", u), Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "1"})
+				}
+			}
+		}
+		for _, rep := range reporters {
+			rep.Step(ctx)
+		}
+		if err := leader.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		clk.Step(controllers.DefaultShareInterval)
+	}
+	var leases coordinationv1.LeaseList
+	if err := admin.List(ctx, &leases, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases.Items {
+		size := 0
+		for _, v := range l.Annotations {
+			size += len(v)
+		}
+		t.Logf("Lease %s: %d bytes of annotations", l.Name, size)
+		if size > 128<<10 {
+			t.Errorf("Lease %s carries %d bytes, beyond 128 KiB", l.Name, size)
+		}
+	}
+	if len(leases.Items) != 4 {
+		t.Errorf("%d Leases, want 3 demand Leases and the shares Lease", len(leases.Items))
+	}
+	elapsed := clk.Since(start)
+	for _, rep := range reporters {
+		if w := rep.Writes(); w > rounds {
+			t.Errorf("%s wrote %d times in %d rounds, more than once a round", rep.Pod, w, rounds)
+		}
+		t.Logf("%s: %d writes in %v (%.2f/s)", rep.Pod, rep.Writes(), elapsed, float64(rep.Writes())/elapsed.Seconds())
+	}
+	t.Logf("leader: %d writes in %v (%.2f/s)", leader.Writes(), elapsed, float64(leader.Writes())/elapsed.Seconds())
+}

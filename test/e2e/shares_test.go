@@ -6,10 +6,13 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,8 +41,14 @@ type sharedReplica struct {
 // watches.
 func TestBudgetsSharedByThreeReplicas(t *testing.T) {
 	ctx := context.Background()
+	began := time.Now()
 	ns := uniqueName("shares")
 	sa := serviceAccount(t, ns, "spread", readWatch("configmaps"))
+	// A watch without a resourceVersion starts with this one's ADDED event,
+	// so that an admitted watch answers at once.
+	if _, err := env.Clientset.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "one"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	admin, err := client.New(env.Config, client.Options{Scheme: clientgoscheme.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +97,7 @@ func TestBudgetsSharedByThreeReplicas(t *testing.T) {
 		return len(allocated(t, admin, ns).Replicas) == 3
 	})
 
+	t.Logf("%v: first allocation", time.Since(began))
 	// held are the watches open through each replica.
 	var mu sync.Mutex
 	held := make([][]*http.Response, 3)
@@ -109,23 +119,30 @@ func TestBudgetsSharedByThreeReplicas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := 0
+		// At once, as n clients would: the proxy holds each refusal back
+		// (up to a second) before its 429.
+		var got atomic.Int32
+		var wg sync.WaitGroup
 		for range n {
-			req, _ := http.NewRequest(http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&timeoutSeconds=300", nil)
-			resp, err := hc.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.StatusCode != http.StatusOK {
-				resp.Body.Close()
-				continue
-			}
-			got++
-			mu.Lock()
-			held[i] = append(held[i], resp)
-			mu.Unlock()
+			wg.Go(func() {
+				req, _ := http.NewRequest(http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&timeoutSeconds=300", nil)
+				resp, err := hc.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.StatusCode != http.StatusOK {
+					resp.Body.Close()
+					return
+				}
+				got.Add(1)
+				mu.Lock()
+				held[i] = append(held[i], resp)
+				mu.Unlock()
+			})
 		}
-		return got
+		wg.Wait()
+		return int(got.Load())
 	}
 	closeAll := func(i int) {
 		mu.Lock()
@@ -154,7 +171,7 @@ func TestBudgetsSharedByThreeReplicas(t *testing.T) {
 	if got := totalOpen(); got > 33 || got < 27 {
 		t.Fatalf("spread over three replicas: %d watches open in all (%v), want 30 ± 10%% (each replica alone would admit 30)", got, openOn())
 	}
-	t.Logf("spread: %v open, %d in all", openOn(), totalOpen())
+	t.Logf("%v: spread: %v open, %d in all", time.Since(began), openOn(), totalOpen())
 
 	// 2. It moves to watchgate-0 alone: its whole budget there within a
 	// few seconds.
