@@ -228,3 +228,60 @@ func TestSharesAtTenThousandIdentities(t *testing.T) {
 	}
 	t.Logf("leader: %d writes in %v (%.2f/s)", leader.Writes(), elapsed, float64(leader.Writes())/elapsed.Seconds())
 }
+
+// TestSharesWiredByTheManagers starts three replicas as main does (leader
+// election on, Options.Shares), and follows what each engine enforces: a
+// third of every budget once the leader allocated, half once the leader
+// stopped and another took over.
+func TestSharesWiredByTheManagers(t *testing.T) {
+	ctx := context.Background()
+	ns := fmt.Sprintf("shares-wired-%d", time.Now().UnixNano())
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	})
+	replicas := make([]*replica, 3)
+	for i := range replicas {
+		replicas[i] = startReplica(t, replicaOptions{
+			Options: controllers.Options{
+				PodName: fmt.Sprintf("wired-%d", i),
+				Shares:  &controllers.ShareOptions{Namespace: ns, Interval: 200 * time.Millisecond, LeaseDuration: 2 * time.Second},
+			},
+			leaseNamespace: ns,
+		})
+	}
+	enforce := func(want float64, of ...*replica) {
+		t.Helper()
+		eventually(t, 40*time.Second, fmt.Sprintf("every replica enforces %.2f of the budgets", want), func() error {
+			for i, r := range of {
+				s := r.engine.Shares()
+				if s == nil || s.Others < want-0.001 || s.Others > want+0.001 {
+					return fmt.Errorf("replica %d enforces %+v", i, s)
+				}
+			}
+			return nil
+		})
+	}
+	enforce(1.0/3, replicas...)
+	leader := -1
+	for i, r := range replicas {
+		select {
+		case <-r.elected:
+			leader = i
+		default:
+		}
+	}
+	if leader < 0 {
+		t.Fatal("no replica leads")
+	}
+	replicas[leader].stop()
+	var left []*replica
+	for i, r := range replicas {
+		if i != leader {
+			left = append(left, r)
+		}
+	}
+	enforce(0.5, left...)
+}
