@@ -58,7 +58,7 @@ func scaleCount(limit int32, f float64) int32 {
 		return limit
 	}
 	// The epsilon keeps a third of 30, computed as 0.333…·30, at 10.
-	return max(1, int32(float64(limit)*f+1e-9))
+	return max(1, int32(float64(limit)*f+1e-6))
 }
 
 // Demand is what one replica reports of a budget's identities: each one's
@@ -217,6 +217,11 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 			}
 			fs := make([]float64, n)
 			for i := range want {
+				if n == 1 {
+					// Exactly the whole, which a sum may miss by a rounding.
+					fs[i] = 1
+					continue
+				}
 				if total <= 1 && !saturated {
 					fs[i] = want[i] + (1-total)/float64(n)
 				} else {

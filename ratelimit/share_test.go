@@ -88,6 +88,22 @@ func TestAllocateTimeline(t *testing.T) {
 	}
 }
 
+// TestAllocateOneReplicaIsWhole: a replica alone enforces every budget
+// whole, whatever its use, as without shares.
+func TestAllocateOneReplicaIsWhole(t *testing.T) {
+	var prev *Allocation
+	for _, u := range []float64{0.07, 0.3, 1, 0.5, 0.0001} {
+		prev = Allocate(prev, []Report{report("a", u)}, 16)
+		if got := prev.Budgets["b"]["alice"]; len(got) != 1 || got[0] != 1 {
+			t.Fatalf("use %v: fractions %v, want exactly [1]", u, got)
+		}
+		s, _ := prev.Shares("a")
+		if got := scaleCount(30, s.of("b", "alice")); got != 30 {
+			t.Fatalf("use %v: cap %d, want 30", u, got)
+		}
+	}
+}
+
 func TestAllocateBoundsIdentities(t *testing.T) {
 	r := Report{Replica: "a", Budgets: map[string]Demand{"b": {Identities: map[string]float64{
 		"u1": 0.1, "u2": 0.9, "u3": 0.5, "u4": 0.2,
