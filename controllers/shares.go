@@ -167,6 +167,9 @@ func (r *ShareReporter) report(ctx context.Context) error {
 		for user, u := range bd.Identities {
 			bd.Identities[user] = math.Round(u*100) / 100
 		}
+		for user, h := range bd.Held {
+			bd.Held[user] = math.Ceil(h*1000) / 1000
+		}
 	}
 	demand := marshalBounded(r.MaxIdentities, func(n int) any { return topDemand(d, n) })
 	if demand == r.lastDemand && r.lease != nil && now.Sub(r.renewedAt) < r.LeaseDuration/3 {
@@ -285,6 +288,12 @@ func topDemand(d map[string]ratelimit.Demand, n int) map[string]ratelimit.Demand
 		top := ratelimit.Demand{Identities: make(map[string]float64, min(n, len(users)))}
 		for _, u := range users[:min(n, len(users))] {
 			top.Identities[u] = bd.Identities[u]
+			if h, ok := bd.Held[u]; ok {
+				if top.Held == nil {
+					top.Held = map[string]float64{}
+				}
+				top.Held[u] = h
+			}
 		}
 		out[b] = top
 	}

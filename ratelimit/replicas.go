@@ -39,7 +39,8 @@ func (e *Engine) Shares() *Shares { return e.shares.Load().shares }
 //	watches asked for / (WatchOpensPerMinute · minutes since the previous call)
 //
 // An identity held back by its share thus shows more use than the share,
-// which is what makes an allocation (Allocate) grow it. Each call starts
+// which is what makes an allocation (Allocate) grow it. Demand.Held is
+// the first term's open watches alone. Each call starts
 // the next period: there is one caller, the replica's reporter. Like Top,
 // it takes each shard's lock in turn.
 func (e *Engine) Demand(now time.Time, n int) map[string]Demand {
@@ -51,8 +52,8 @@ func (e *Engine) Demand(now time.Time, n int) map[string]Demand {
 	}
 	e.demandAt = now
 	type used struct {
-		user string
-		use  float64
+		user      string
+		use, held float64
 	}
 	rank := func(a, b used) int { return cmp.Or(cmp.Compare(b.use, a.use), cmp.Compare(a.user, b.user)) }
 	out := make(map[string]Demand)
@@ -67,16 +68,17 @@ func (e *Engine) Demand(now time.Time, n int) map[string]Demand {
 			sh := &bs.shards[i]
 			sh.mu.Lock()
 			sh.each(func(id *identity) {
-				u := 0.0
+				u, held := 0.0, 0.0
 				if l.MaxConcurrentWatches > 0 {
-					u = float64(int64(id.open)+int64(id.capped)) / float64(l.MaxConcurrentWatches)
+					held = float64(id.open) / float64(l.MaxConcurrentWatches)
+					u = held + float64(id.capped)/float64(l.MaxConcurrentWatches)
 				}
 				if l.WatchOpensPerMinute > 0 && minutes > 0 {
 					u = max(u, float64(id.asked)/(float64(l.WatchOpensPerMinute)*minutes))
 				}
 				id.asked, id.capped = 0, 0
 				if u > 0 && !math.IsInf(u, 0) {
-					top = insertRanked(top, used{id.user, u}, n, rank)
+					top = insertRanked(top, used{id.user, u, held}, n, rank)
 				}
 			})
 			sh.mu.Unlock()
@@ -87,6 +89,12 @@ func (e *Engine) Demand(now time.Time, n int) map[string]Demand {
 		d := Demand{Identities: make(map[string]float64, len(top))}
 		for _, t := range top {
 			d.Identities[t.user] = t.use
+			if t.held > 0 {
+				if d.Held == nil {
+					d.Held = make(map[string]float64)
+				}
+				d.Held[t.user] = t.held
+			}
 		}
 		out[bs.name] = d
 	}

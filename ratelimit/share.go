@@ -65,7 +65,10 @@ func scaleCount(limit int32, f float64) int32 {
 // use of the whole budget, as a fraction of its limits (see
 // Engine.Demand). Identities using nothing are not listed.
 type Demand struct {
-	Identities map[string]float64
+	Identities map[string]float64 `json:"identities,omitempty"`
+	// Held is, for the identities listed whose budget caps concurrent
+	// watches, the fraction of the cap their open watches hold.
+	Held map[string]float64 `json:"held,omitempty"`
 }
 
 // Report is one live replica's demand, by budget name.
@@ -141,6 +144,12 @@ func EqualShares(n int) *Shares {
 // clients to one replica gets its whole budget there in one round; a
 // replica left with 0 still admits one watch (see Shares), and its use
 // then grows its fraction.
+// A replica's open watches are not taken back when its fraction shrinks, so
+// last each replica keeps at least the fraction its open watches hold
+// (Demand.Held), the others sharing only what they leave (keepHeld): a
+// fraction that grows on one replica while another still holds its watches
+// would otherwise let the identity hold more than its cap in all.
+//
 // Allocate is pure: the caller sets the
 // pace (every 2 s, like KubeGateway's) and decides which replicas are live.
 func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation {
@@ -216,6 +225,12 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 				total += want[i]
 			}
 			fs := make([]float64, n)
+			held := make([]float64, n)
+			for i, r := range reports {
+				if h := r.Budgets[budget].Held[user]; h > 0 && !math.IsNaN(h) {
+					held[i] = min(h, 1)
+				}
+			}
 			for i := range want {
 				if n == 1 {
 					// Exactly the whole, which a sum may miss by a rounding.
@@ -228,6 +243,7 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 					fs[i] = want[i] / total
 				}
 			}
+			keepHeld(fs, held)
 			ids[user] = fs
 		}
 		if next.Budgets == nil {
@@ -236,4 +252,35 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 		next.Budgets[budget] = ids
 	}
 	return next
+}
+
+// keepHeld raises each fraction fs[i] to at least held[i], taking what it
+// adds from the others' fractions above what they hold, in proportion, so
+// that they still sum to at most 1; when the held fractions sum to more
+// than 1, each replica keeps its held share of the whole.
+func keepHeld(fs, held []float64) {
+	h := 0.0
+	for _, x := range held {
+		h += x
+	}
+	if h == 0 {
+		return
+	}
+	if h >= 1 {
+		for i := range fs {
+			fs[i] = held[i] / h
+		}
+		return
+	}
+	extra := 0.0
+	for i := range fs {
+		extra += max(fs[i]-held[i], 0)
+	}
+	scale := 1.0
+	if extra > 1-h {
+		scale = (1 - h) / extra
+	}
+	for i := range fs {
+		fs[i] = held[i] + max(fs[i]-held[i], 0)*scale
+	}
 }

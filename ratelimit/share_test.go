@@ -241,3 +241,29 @@ func TestEngineSharesNeverZero(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocateKeepsWhatReplicasHold: a replica's open watches stay open,
+// so the fraction they hold stays its own, and another replica's growth
+// comes only out of what is left.
+func TestAllocateKeepsWhatReplicasHold(t *testing.T) {
+	prev := &Allocation{Replicas: []string{"a", "b"}, Budgets: map[string]map[string][]float64{"b": {"alice": {0.6, 0.2}}}}
+	reports := []Report{
+		{Replica: "a", Budgets: map[string]Demand{"b": {Identities: map[string]float64{"alice": 0.6}, Held: map[string]float64{"alice": 0.6}}}},
+		// b holds its 0.2 and was refused as many again, and more.
+		{Replica: "b", Budgets: map[string]Demand{"b": {Identities: map[string]float64{"alice": 1}, Held: map[string]float64{"alice": 0.2}}}},
+	}
+	got := Allocate(prev, reports, 16).Budgets["b"]["alice"]
+	// Without the held watches b would get 0.625 and a 0.375 while a holds
+	// 0.6 open: 1.225 of the cap in all.
+	if math.Abs(got[0]-0.6) > 1e-9 || math.Abs(got[1]-0.4) > 1e-9 {
+		t.Fatalf("fractions %v, want [0.6 0.4]", got)
+	}
+	// Held beyond the whole (fractions that shrank under open watches):
+	// each keeps its part, none may open more.
+	reports[0].Budgets["b"].Held["alice"] = 0.9
+	reports[1].Budgets["b"].Held["alice"] = 0.3
+	got = Allocate(prev, reports, 16).Budgets["b"]["alice"]
+	if math.Abs(got[0]-0.75) > 1e-9 || math.Abs(got[1]-0.25) > 1e-9 {
+		t.Fatalf("fractions %v, want [0.75 0.25]", got)
+	}
+}
