@@ -146,9 +146,11 @@ func EqualShares(n int) *Shares {
 // then grows its fraction.
 // A replica's open watches are not taken back when its fraction shrinks, so
 // last each replica keeps at least the fraction its open watches hold
-// (Demand.Held), the others sharing only what they leave (keepHeld): a
-// fraction that grows on one replica while another still holds its watches
-// would otherwise let the identity hold more than its cap in all.
+// (Demand.Held), and a saturated one that holds watches its previous
+// fraction, which it fills before it reads the new allocation; the others
+// share only what they leave (keepHeld): a fraction that grows on one
+// replica while another still holds, or still admits, its watches would
+// otherwise let the identity hold more than its cap in all.
 //
 // Allocate is pure: the caller sets the
 // pace (every 2 s, like KubeGateway's) and decides which replicas are live.
@@ -210,6 +212,8 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 		ids := make(map[string][]float64, len(users))
 		for _, user := range users {
 			want := make([]float64, n)
+			prevs := make([]float64, n)
+			sat := make([]bool, n)
 			total, saturated := 0.0, false
 			for i, r := range reports {
 				u := min(max(r.Budgets[budget].Identities[user], 0), float64(n))
@@ -220,8 +224,9 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 				want[i] = u / TargetUse
 				if u > 0 && u >= SaturatedUse*s {
 					want[i] = max(want[i], Grow*s)
-					saturated = true
+					saturated, sat[i] = true, true
 				}
+				prevs[i] = s
 				total += want[i]
 			}
 			fs := make([]float64, n)
@@ -229,6 +234,11 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 			for i, r := range reports {
 				if h := r.Budgets[budget].Held[user]; h > 0 && !math.IsNaN(h) {
 					held[i] = min(h, 1)
+					// Saturated, it fills its previous fraction before
+					// it reads this allocation.
+					if sat[i] {
+						held[i] = max(held[i], prevs[i])
+					}
 				}
 			}
 			for i := range want {

@@ -266,4 +266,13 @@ func TestAllocateKeepsWhatReplicasHold(t *testing.T) {
 	if math.Abs(got[0]-0.75) > 1e-9 || math.Abs(got[1]-0.25) > 1e-9 {
 		t.Fatalf("fractions %v, want [0.75 0.25]", got)
 	}
+	// a, saturated, holds 0.55 of its 0.6 and may fill the rest before it
+	// reads the allocation: b grows only into the 0.4 a leaves.
+	reports[0].Budgets["b"].Identities["alice"] = 0.59
+	reports[0].Budgets["b"].Held["alice"] = 0.55
+	reports[1].Budgets["b"].Held["alice"] = 0.2
+	got = Allocate(prev, reports, 16).Budgets["b"]["alice"]
+	if math.Abs(got[0]-0.6) > 1e-9 || math.Abs(got[1]-0.4) > 1e-9 {
+		t.Fatalf("fractions %v, want [0.6 0.4]", got)
+	}
 }
