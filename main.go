@@ -124,6 +124,11 @@ type options struct {
 	injectServicePort int
 	clusterDomain     string
 
+	// shareBudgets, with leaderElect, makes the replicas share each budget
+	// (controllers.ShareReporter); replicas is how many are expected.
+	shareBudgets bool
+	replicas     int
+
 	zap zap.Options
 }
 
@@ -137,7 +142,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve /metrics over HTTPS to callers the API server authenticates (TokenReview) and authorizes for the non-resource URL /metrics, verb get (SubjectAccessReview). False: plain HTTP to anyone, for local runs. The probes are always plain HTTP.")
 	fs.StringVar(&o.probeBindAddress, "health-probe-bind-address", ":8081", "Address /healthz and /readyz are served on.")
 	fs.StringVar(&o.pprofBindAddress, "pprof-bind-address", "0", "Address Go's /debug/pprof/ profiles are served on (plain HTTP, no authentication), a loopback address only (127.0.0.1:6060, [::1]:6060, localhost:6060); \"0\" (default) disables it.")
-	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader among replicas for the writes that need one (status pruning, conditions). The proxy and policy reload run on every replica.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader among replicas for the writes that need one (status pruning, conditions, the budgets' shares: see --share-budgets). The proxy and policy reload run on every replica.")
+	fs.BoolVar(&o.shareBudgets, "share-budgets", true, "With --leader-elect, the replicas share each budget: the leader allocates each replica a fraction of every identity's limits from the demand the replicas report, through Leases in --leader-election-namespace, so that an identity spread over replicas gets its budget in all (docs/operators.md, \"Budgets with several replicas\"). False, or without --leader-elect: each replica enforces every budget in full.")
+	fs.IntVar(&o.replicas, "replicas", 0, "Replicas expected, for the even split of the budgets a replica enforces before the leader's first allocation (with --share-budgets). 0: the replicas whose Leases it sees.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader-election Lease. Empty: the pod's namespace ($POD_NAMESPACE), or kube-system outside a cluster.")
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status and the replica the top endpoint names. Default $POD_NAME, else the host name.")
 	fs.StringVar(&o.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of this replica. Default $POD_NAMESPACE.")
@@ -197,6 +204,9 @@ func (o *options) validate() error {
 	}
 	if (o.tlsCertFile == "") != (o.tlsPrivateKeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file must be set together"))
+	}
+	if o.replicas < 0 {
+		errs = append(errs, fmt.Errorf("--replicas %d: must be at least 0", o.replicas))
 	}
 	// In flag order, so that the message is the same on every run.
 	for _, f := range []struct{ name, addr string }{
@@ -471,11 +481,16 @@ func run(ctx context.Context, args []string) error {
 
 	events := controllers.NewThrottleEvents(mgr, nil)
 	engine := ratelimit.NewEngine(ratelimit.Options{OnThrottled: events.OnThrottled})
+	var shares *controllers.ShareOptions
+	if o.leaderElect && o.shareBudgets {
+		shares = &controllers.ShareOptions{Namespace: o.leaderElectionNS, Replicas: o.replicas}
+	}
 	if _, err := controllers.SetupWithManager(mgr, engine, controllers.Options{
 		PodName:        o.podName,
 		Namespace:      o.podNamespace,
 		Bootstrap:      o.bootstrap,
 		ThrottleEvents: events,
+		Shares:         shares,
 	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}

@@ -60,6 +60,10 @@ current-context: c
 			args: []string{"--watch-opens-per-identity-per-second", "-1", "--watch-open-burst-per-identity", "-2"},
 			want: []string{"--watch-opens-per-identity-per-second -1", "--watch-open-burst-per-identity -2"},
 		},
+		"a negative replica count": {
+			args: []string{"--replicas", "-1"},
+			want: []string{"--replicas -1: must be at least 0"},
+		},
 		"profiles on every interface": {
 			args: []string{"--pprof-bind-address", ":6060"},
 			want: []string{`--pprof-bind-address ":6060": must be a loopback address`},

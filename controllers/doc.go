@@ -26,6 +26,13 @@
 //     Priority and Fairness's bootstrap configuration: mandatory ones
 //     restored, suggested ones kept up to date until an operator takes
 //     them over (AutoUpdateAnnotation), with server-side apply.
+//   - ShareReporter (every replica) and ShareAllocator (leader only), with
+//     Options.Shares: the replicas share every budget. Each replica renews
+//     its demand Lease (watchgate-demand-<pod>) with the engine's Demand
+//     every 2 s; the leader reads the live ones and writes
+//     ratelimit.Allocate's fractions to the Lease watchgate-shares; each
+//     replica enforces its own (Engine.SetShares), and keeps them while
+//     the leader or the API server is away (shares.go).
 //   - ThrottleEvents (every replica): turns the engine's OnThrottled
 //     callback, already limited to one call per budget × identity per
 //     interval, into Events on the WatchBudget.
@@ -37,6 +44,8 @@
 //	status.conditions[Ready], activeWatches, recentRejections,
 //	limits, suggested                                         field manager "watchgate-controller" (leader)
 //	status.replicas[pod=P]                                    field manager "watchgate-replica-P" (replica P)
+//	Lease watchgate-demand-P                                  replica P (update)
+//	Lease watchgate-shares                                    the leader (update)
 //
 // Compile, ToBudget and the entry/sum helpers are pure and unit tested; the
 // rest is tested against a real kube-apiserver.

@@ -40,11 +40,28 @@ type Options struct {
 	// its cumulative decision counts waits to be rewritten;
 	// DefaultCounterRefreshInterval (5 min) when zero.
 	CounterRefreshInterval time.Duration
+	// Shares, when set, makes the replicas share every budget: a
+	// ShareReporter on every replica, a ShareAllocator on the leader. The
+	// engine must then be a ShareEngine.
+	Shares *ShareOptions
 
 	// The following are used for testing purposes.
 
 	// Clock is every piece's clock; the real one when nil.
 	Clock clock.Clock
+}
+
+// ShareOptions configure the share exchange (see ShareReporter).
+type ShareOptions struct {
+	// Namespace holds the Leases; required.
+	Namespace string
+	// Replicas is how many replicas are expected, for the even split
+	// before the first reading of the Leases.
+	Replicas int
+	// Interval, LeaseDuration and MaxIdentities: DefaultShareInterval,
+	// DefaultShareLeaseDuration and DefaultShareIdentities when zero.
+	Interval, LeaseDuration time.Duration
+	MaxIdentities           int
 }
 
 // Controllers are the pieces SetupWithManager added to the manager.
@@ -56,6 +73,9 @@ type Controllers struct {
 	// Bootstrap is nil when Options set no Bootstrap budgets.
 	Bootstrap *BootstrapReconciler
 	Events    *ThrottleEvents
+	// Reporter and Allocator are nil without Options.Shares.
+	Reporter  *ShareReporter
+	Allocator *ShareAllocator
 }
 
 // SetupWithManager adds the WatchBudget controllers to mgr, feeding engine:
@@ -111,6 +131,29 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 	if t := opts.ThrottleEvents; t != nil {
 		c.Events = t
 		if err := mgr.Add(t); err != nil {
+			return nil, err
+		}
+	}
+	if so := opts.Shares; so != nil {
+		se, ok := engine.(ShareEngine)
+		if !ok {
+			return nil, errors.New("controllers: sharing budgets needs an engine that reports demand and enforces shares")
+		}
+		if so.Namespace == "" {
+			return nil, errors.New("controllers: sharing budgets needs a namespace for its Leases")
+		}
+		c.Reporter = &ShareReporter{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Engine: se, Pod: opts.PodName, Namespace: so.Namespace,
+			Replicas: so.Replicas, Interval: so.Interval, LeaseDuration: so.LeaseDuration, MaxIdentities: so.MaxIdentities, Clock: opts.Clock,
+		}
+		c.Allocator = &ShareAllocator{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: so.Namespace, Pod: opts.PodName,
+			Interval: so.Interval, LeaseDuration: so.LeaseDuration, MaxIdentities: so.MaxIdentities, Clock: opts.Clock,
+		}
+		if err := mgr.Add(c.Reporter); err != nil {
+			return nil, err
+		}
+		if err := mgr.Add(c.Allocator); err != nil {
 			return nil, err
 		}
 	}

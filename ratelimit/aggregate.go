@@ -67,7 +67,7 @@ func (e *Engine) chargeAggregate(id *identity, now int64, cfg *Budget) (Reason, 
 	id.touch(now)
 	if id.cfg != cfg {
 		id.cfg = cfg
-		rebucket(&id.watch, now, cfg.Aggregate.WatchOpensPerMinute, cfg.Aggregate.WatchBurst)
+		rebucket(&id.watch, now, float64(cfg.Aggregate.WatchOpensPerMinute), cfg.Aggregate.WatchBurst)
 	}
 	if c := cfg.Aggregate.MaxConcurrentWatches; c > 0 && id.open >= c {
 		id.rejections++

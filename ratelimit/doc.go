@@ -60,6 +60,10 @@
 //     per second, watches at once, lists and stale answers per minute)
 //     and ObservedPeaks, their per-budget sketch; sketch.go: PeakSketch,
 //     the fixed log-scale histogram that sketches merge by adding;
+//   - share.go: Shares, the fractions of the budgets one of several
+//     replicas enforces, and Allocate, the pure computation a leader
+//     makes of them from every replica's Demand; replicas.go:
+//     Engine.SetShares and Engine.Demand;
 //   - suggest.go: Suggest, the limits that would have admitted a share of
 //     the observed peaks, and how many identities the current ones refuse.
 //

@@ -22,7 +22,7 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 296 MiB
+	// identity out. At the cap, identities take about 312 MiB
 	// (BenchmarkIdentityMemory; 56 bytes of each are its observed peaks,
 	// see ObservedPeaks), plus at most one overflow backoff key each.
 	//
@@ -129,6 +129,11 @@ type Engine struct {
 	jitterSeed uint64
 
 	current atomic.Pointer[enforced]
+	// shares are this replica's fractions of the budgets (SetShares).
+	shares atomic.Pointer[sharesGen]
+	// demandMu guards demandAt, the instant of the last Demand.
+	demandMu sync.Mutex
+	demandAt time.Time
 	// swapMu serialises SetPolicy.
 	swapMu sync.Mutex
 	// orphans are removed budgets whose identities still hold open
@@ -177,6 +182,7 @@ func NewEngine(opts Options) *Engine {
 	e.backoffKeys.max = int64(opts.MaxBackoffKeys)
 	e.stale.init()
 	e.current.Store(&enforced{policy: &Policy{}})
+	e.shares.Store(&sharesGen{})
 	return e
 }
 
@@ -272,8 +278,9 @@ func (e *Engine) dropOrphans() {
 // not delay their eviction.
 func (e *Engine) reconfigure(bs *budgetState, now time.Time) {
 	cfg := bs.cfg.Load()
+	gen := e.shares.Load().gen
 	apply := func(id *identity) {
-		if id.cfg != cfg {
+		if id.cfg != cfg || id.shareGen != gen {
 			e.configure(id, id.clock(now.UnixNano()), cfg)
 		}
 	}
@@ -465,6 +472,7 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 // at now (UnixNano), and takes its tokens when they all pass. id.sh.mu is
 // held.
 func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (Reason, time.Duration) {
+	id.asked = saturatingInc(id.asked)
 	if len(id.backoff) > 0 {
 		req := requestKeyOf(r)
 		if _, st, ok := id.lookup(e.seeds.watchKeyOf(&req)); ok {
@@ -473,7 +481,8 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 			}
 		}
 	}
-	if c := cfg.Limits.MaxConcurrentWatches; c > 0 && id.open >= c {
+	if c := id.maxOpen; c > 0 && id.open >= c {
+		id.capped = saturatingInc(id.capped)
 		return ReasonTooManyWatches, TooManyWatchesRetryAfter
 	}
 	if id.watch.limited() {

@@ -68,8 +68,16 @@ type identity struct {
 	// of the shard with the same hash.
 	hash uint64
 	next *identity
-	// cfg is the budget the buckets were last configured from.
-	cfg *Budget
+	// cfg is the budget the buckets were last configured from, and
+	// shareGen the generation of the Shares (Engine.SetShares).
+	cfg      *Budget
+	shareGen uint32
+	// maxOpen is cfg's MaxConcurrentWatches scaled by the identity's
+	// share; 0 means no cap.
+	maxOpen int32
+	// asked counts the watches it asked for, and capped those refused
+	// for its cap, since the last Engine.Demand (saturating).
+	asked, capped uint32
 	// watch and list are the zero bucket when opens / lists are not
 	// limited.
 	watch, list bucket
@@ -257,7 +265,7 @@ func (e *Engine) lockedIdentity(sh, overflow *shard, h uint64, user string) *ide
 func (e *Engine) advance(id *identity, now int64, cfg *Budget) int64 {
 	now = id.clock(now)
 	id.touch(now)
-	if id.cfg != cfg {
+	if id.cfg != cfg || id.shareGen != e.shares.Load().gen {
 		e.configure(id, now, cfg)
 	}
 	return now
@@ -278,7 +286,8 @@ func (id *identity) touch(now int64) {
 	id.lastActive = max(id.lastActive, now)
 }
 
-// configure makes the buckets follow cfg at now (UnixNano), keeping the tokens they
+// configure makes the buckets and the cap follow cfg, scaled by the
+// identity's share of it (see Shares), at now (UnixNano), keeping the tokens they
 // hold (setLimitAt and setBurstAt advance first, as rate.Limiter's
 // SetLimitAt and SetBurstAt do). A bucket that appears starts full, like a
 // new identity's. A budget without backoff
@@ -286,8 +295,13 @@ func (id *identity) touch(now int64) {
 // which hold repeats back whatever the backoff). id.sh.mu is held.
 func (e *Engine) configure(id *identity, now int64, cfg *Budget) {
 	id.cfg = cfg
-	rebucket(&id.watch, now, cfg.Limits.WatchOpensPerMinute, cfg.Limits.WatchBurst)
-	rebucket(&id.list, now, cfg.Limits.ListsPerMinute, cfg.Limits.ListBurst)
+	sh := e.shares.Load()
+	id.shareGen = sh.gen
+	f := sh.shares.of(cfg.Name, id.user)
+	l := &cfg.Limits
+	id.maxOpen = scaleCount(l.MaxConcurrentWatches, f)
+	rebucket(&id.watch, now, float64(l.WatchOpensPerMinute)*min(f, 1), scaleCount(l.WatchBurst, f))
+	rebucket(&id.list, now, float64(l.ListsPerMinute)*min(f, 1), scaleCount(l.ListBurst, f))
 	if cfg.Backoff.Initial == 0 {
 		for k, st := range id.backoff {
 			if st.staleAt == 0 {
@@ -301,12 +315,12 @@ func (e *Engine) configure(id *identity, now int64, cfg *Budget) {
 
 // rebucket makes b refill at perMinute up to burst from now, keeping its
 // tokens; perMinute ≤ 0 makes it the zero (unlimited) bucket.
-func rebucket(b *bucket, now int64, perMinute, burst int32) {
+func rebucket(b *bucket, now int64, perMinute float64, burst int32) {
 	if perMinute <= 0 {
 		*b = bucket{}
 		return
 	}
-	r := float64(perMinute) / 60
+	r := perMinute / 60
 	if !b.limited() {
 		*b = newBucket(now, r, int(burst))
 		return

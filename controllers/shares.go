@@ -1,0 +1,456 @@
+package controllers
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"maps"
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+// Budgets shared by several replicas go through Leases in the replicas'
+// namespace: each replica renews its own demand Lease (named
+// DemandLeasePrefix + its pod name, labelled ShareLabel=ShareLabelDemand)
+// with its engine's Demand in the DemandAnnotation; the leader reads the
+// live ones, computes the next ratelimit.Allocation and writes it to the
+// SharesLease's SharesAnnotation; each replica reads that and enforces its
+// fractions (Engine.SetShares).
+const (
+	DemandLeasePrefix = "watchgate-demand-"
+	SharesLease       = "watchgate-shares"
+	ShareLabel        = "watchgate.io/share"
+	ShareLabelDemand  = "demand"
+	ShareLabelShares  = "shares"
+	DemandAnnotation  = "watchgate.io/demand"
+	SharesAnnotation  = "watchgate.io/shares"
+)
+
+// Defaults of the share exchange.
+const (
+	// DefaultShareInterval is how often replicas report and the leader
+	// allocates, as KubeGateway's limiter allocation.
+	DefaultShareInterval = 2 * time.Second
+	// DefaultShareLeaseDuration is how long a replica's demand Lease
+	// counts it live without a renewal: a replica lost returns its share
+	// to the others this long after its last renewal (plus an interval).
+	DefaultShareLeaseDuration = 10 * time.Second
+	// DefaultShareIdentities is how many identities of each budget get a
+	// share of their own: those of the highest demand.
+	DefaultShareIdentities = 32
+	// maxShareBytes bounds the JSON a Lease annotation carries (the API
+	// server allows 256 KiB of annotations): beyond it, fewer identities.
+	maxShareBytes = 128 << 10
+)
+
+// ShareEngine is what the share exchange needs of the engine.
+type ShareEngine interface {
+	Demand(now time.Time, n int) map[string]ratelimit.Demand
+	SetShares(now time.Time, s *ratelimit.Shares)
+}
+
+var _ ShareEngine = (*ratelimit.Engine)(nil)
+
+// ShareReporter runs on every replica. Every Interval it renews its demand
+// Lease with the engine's Demand (writing only when the demand changed or a
+// third of LeaseDuration passed), then reads the SharesLease and, when it
+// changed, makes the engine enforce this replica's fractions.
+//
+// Fail-static: when the API server cannot be reached, or no leader writes
+// the allocation, the replica keeps the fractions it enforces. Before any
+// allocation names it, it enforces every budget split evenly over the live
+// demand Leases (its own included), or over Replicas when they are fewer.
+type ShareReporter struct {
+	// Client writes and Reader reads the Leases (the API server, not a
+	// cache: only the namespace's Leases are readable).
+	Client client.Client
+	Reader client.Reader
+	Engine ShareEngine
+	// Pod is this replica's name; Namespace the Leases'.
+	Pod, Namespace string
+	// Replicas is how many replicas there are expected to be, for the
+	// even split before the first reading; at most 1 enforces budgets
+	// whole until then.
+	Replicas int
+	// Interval, LeaseDuration and MaxIdentities default to
+	// DefaultShareInterval, DefaultShareLeaseDuration and
+	// DefaultShareIdentities.
+	Interval, LeaseDuration time.Duration
+	MaxIdentities           int
+	Clock                   clock.WithTicker
+
+	writes atomic.Int64
+
+	lease       *coordinationv1.Lease
+	lastDemand  string
+	renewedAt   time.Time
+	sharesRV    string
+	evenN       int
+	initialized bool
+}
+
+// Writes is how many API-server writes the reporter made.
+func (r *ShareReporter) Writes() int64 { return r.writes.Load() }
+
+// NeedLeaderElection is false: every replica reports and enforces.
+func (r *ShareReporter) NeedLeaderElection() bool { return false }
+
+func (r *ShareReporter) defaults() {
+	if r.Interval <= 0 {
+		r.Interval = DefaultShareInterval
+	}
+	if r.LeaseDuration <= 0 {
+		r.LeaseDuration = DefaultShareLeaseDuration
+	}
+	if r.MaxIdentities <= 0 {
+		r.MaxIdentities = DefaultShareIdentities
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+}
+
+// Start reports every Interval until ctx ends, then deletes its demand
+// Lease so the leader returns its share to the others at once.
+func (r *ShareReporter) Start(ctx context.Context) error {
+	r.defaults()
+	if r.Replicas > 1 {
+		r.Engine.SetShares(r.Clock.Now(), ratelimit.EqualShares(r.Replicas))
+		r.evenN = r.Replicas
+	}
+	t := r.Clock.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		r.Step(ctx)
+		select {
+		case <-ctx.Done():
+			del, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if r.lease != nil {
+				_ = r.Client.Delete(del, r.lease)
+			}
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+// Step reports once and applies the allocation, logging what failed.
+func (r *ShareReporter) Step(ctx context.Context) {
+	r.defaults()
+	log := logf.FromContext(ctx).WithName("shares")
+	if err := r.report(ctx); err != nil {
+		log.V(1).Info("Cannot report demand; keeping the current shares", "err", err.Error())
+	}
+	if err := r.apply(ctx); err != nil {
+		log.V(1).Info("Cannot read the shares; keeping the current ones", "err", err.Error())
+	}
+}
+
+// report renews the demand Lease.
+func (r *ShareReporter) report(ctx context.Context) error {
+	now := r.Clock.Now()
+	d := r.Engine.Demand(now, r.MaxIdentities)
+	for _, bd := range d {
+		for user, u := range bd.Identities {
+			bd.Identities[user] = math.Round(u*100) / 100
+		}
+		for user, h := range bd.Held {
+			bd.Held[user] = math.Ceil(h*1000) / 1000
+		}
+	}
+	demand := marshalBounded(r.MaxIdentities, func(n int) any { return topDemand(d, n) })
+	if demand == r.lastDemand && r.lease != nil && now.Sub(r.renewedAt) < r.LeaseDuration/3 {
+		return nil
+	}
+	name := DemandLeasePrefix + r.Pod
+	if r.lease == nil {
+		l := &coordinationv1.Lease{}
+		err := r.Reader.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, l)
+		if apierrors.IsNotFound(err) {
+			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: name}}
+		} else if err != nil {
+			return err
+		}
+		r.lease = l
+	}
+	l := r.lease.DeepCopy()
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[ShareLabel] = ShareLabelDemand
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[DemandAnnotation] = demand
+	l.Spec.HolderIdentity = ptr.To(r.Pod)
+	l.Spec.LeaseDurationSeconds = ptr.To(int32(math.Ceil(r.LeaseDuration.Seconds())))
+	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	var err error
+	if l.ResourceVersion == "" {
+		err = r.Client.Create(ctx, l)
+	} else {
+		err = r.Client.Update(ctx, l)
+	}
+	r.writes.Add(1)
+	if err != nil {
+		r.lease = nil // read it again next time
+		return err
+	}
+	r.lease, r.lastDemand, r.renewedAt = l, demand, now
+	return nil
+}
+
+// apply reads the allocation and makes the engine enforce this replica's
+// fractions of it.
+func (r *ShareReporter) apply(ctx context.Context) error {
+	now := r.Clock.Now()
+	l := &coordinationv1.Lease{}
+	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: SharesLease}, l)
+	if err == nil && l.Annotations[SharesAnnotation] != "" {
+		if l.ResourceVersion == r.sharesRV {
+			return nil
+		}
+		var a ratelimit.Allocation
+		if err := json.Unmarshal([]byte(l.Annotations[SharesAnnotation]), &a); err != nil {
+			return err
+		}
+		s, _ := a.Shares(r.Pod)
+		r.Engine.SetShares(now, s)
+		r.sharesRV, r.evenN = l.ResourceVersion, 0
+		return nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	// No allocation yet: split evenly over the live replicas.
+	live, err := liveDemand(ctx, r.Reader, r.Namespace, now)
+	if err != nil {
+		return err
+	}
+	n := len(live)
+	if _, ok := live[r.Pod]; !ok {
+		n++
+	}
+	n = max(n, r.Replicas)
+	if n != r.evenN || r.sharesRV != "" {
+		r.Engine.SetShares(now, ratelimit.EqualShares(n))
+		r.evenN, r.sharesRV = n, ""
+	}
+	return nil
+}
+
+// liveDemand reads the demand Leases of namespace renewed within their
+// duration at now, by replica.
+func liveDemand(ctx context.Context, reader client.Reader, namespace string, now time.Time) (map[string]map[string]ratelimit.Demand, error) {
+	var list coordinationv1.LeaseList
+	if err := reader.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{ShareLabel: ShareLabelDemand}); err != nil {
+		return nil, err
+	}
+	live := map[string]map[string]ratelimit.Demand{}
+	for i := range list.Items {
+		l := &list.Items[i]
+		s := l.Spec
+		if s.HolderIdentity == nil || s.RenewTime == nil || s.LeaseDurationSeconds == nil ||
+			now.After(s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds)*time.Second)) {
+			continue
+		}
+		var d map[string]ratelimit.Demand
+		if err := json.Unmarshal([]byte(l.Annotations[DemandAnnotation]), &d); err != nil {
+			d = nil // a live replica whose demand is unreadable still counts
+		}
+		live[*s.HolderIdentity] = d
+	}
+	return live, nil
+}
+
+// topDemand is d with at most n identities per budget, those of the
+// highest demand.
+func topDemand(d map[string]ratelimit.Demand, n int) map[string]ratelimit.Demand {
+	out := make(map[string]ratelimit.Demand, len(d))
+	for b, bd := range d {
+		users := slices.Collect(maps.Keys(bd.Identities))
+		slices.SortFunc(users, func(x, y string) int {
+			return cmp.Or(cmp.Compare(bd.Identities[y], bd.Identities[x]), cmp.Compare(x, y))
+		})
+		top := ratelimit.Demand{Identities: make(map[string]float64, min(n, len(users)))}
+		for _, u := range users[:min(n, len(users))] {
+			top.Identities[u] = bd.Identities[u]
+			if h, ok := bd.Held[u]; ok {
+				if top.Held == nil {
+					top.Held = map[string]float64{}
+				}
+				top.Held[u] = h
+			}
+		}
+		out[b] = top
+	}
+	return out
+}
+
+// marshalBounded is the JSON of build(n) for the largest n ≤ max, halving
+// it, whose JSON fits maxShareBytes.
+func marshalBounded(n int, build func(n int) any) string {
+	for {
+		b, err := json.Marshal(build(n))
+		if err == nil && (len(b) <= maxShareBytes || n <= 1) {
+			return string(b)
+		}
+		n /= 2
+	}
+}
+
+// ShareAllocator runs on the leader. Every Interval it reads the live
+// demand Leases, computes the next allocation (ratelimit.Allocate) and
+// writes it to the SharesLease when any fraction moved by more than 1/100
+// or the live replicas changed.
+type ShareAllocator struct {
+	Client    client.Client
+	Reader    client.Reader
+	Namespace string
+	// Pod names the leader in the SharesLease's holder.
+	Pod                     string
+	Interval, LeaseDuration time.Duration
+	MaxIdentities           int
+	Clock                   clock.WithTicker
+
+	writes atomic.Int64
+
+	prev, written *ratelimit.Allocation
+}
+
+// Writes is how many API-server writes the allocator made.
+func (a *ShareAllocator) Writes() int64 { return a.writes.Load() }
+
+// NeedLeaderElection is true: one allocator at a time.
+func (a *ShareAllocator) NeedLeaderElection() bool { return true }
+
+// Start allocates every Interval until ctx ends.
+func (a *ShareAllocator) Start(ctx context.Context) error {
+	a.defaults()
+	t := a.Clock.NewTicker(a.Interval)
+	defer t.Stop()
+	for {
+		if err := a.Step(ctx); err != nil {
+			logf.FromContext(ctx).WithName("shares").V(1).Info("Cannot allocate shares", "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+func (a *ShareAllocator) defaults() {
+	if a.Interval <= 0 {
+		a.Interval = DefaultShareInterval
+	}
+	if a.LeaseDuration <= 0 {
+		a.LeaseDuration = DefaultShareLeaseDuration
+	}
+	if a.MaxIdentities <= 0 {
+		a.MaxIdentities = DefaultShareIdentities
+	}
+	if a.Clock == nil {
+		a.Clock = clock.RealClock{}
+	}
+}
+
+// Step allocates once.
+func (a *ShareAllocator) Step(ctx context.Context) error {
+	a.defaults()
+	now := a.Clock.Now()
+	live, err := liveDemand(ctx, a.Reader, a.Namespace, now)
+	if err != nil {
+		return err
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	reports := make([]ratelimit.Report, 0, len(live))
+	for replica, d := range live {
+		reports = append(reports, ratelimit.Report{Replica: replica, Budgets: d})
+	}
+	var next *ratelimit.Allocation
+	data := marshalBounded(a.MaxIdentities, func(n int) any {
+		next = ratelimit.Allocate(a.prev, reports, n)
+		return next
+	})
+	a.prev = next
+	if a.written != nil && !moved(a.written, next) {
+		return nil
+	}
+	l := &coordinationv1.Lease{}
+	err = a.Reader.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: SharesLease}, l)
+	if apierrors.IsNotFound(err) {
+		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: a.Namespace, Name: SharesLease}}
+	} else if err != nil {
+		return err
+	}
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[ShareLabel] = ShareLabelShares
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[SharesAnnotation] = data
+	l.Spec.HolderIdentity = ptr.To(a.Pod)
+	l.Spec.LeaseDurationSeconds = ptr.To(int32(math.Ceil(a.LeaseDuration.Seconds())))
+	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	if l.ResourceVersion == "" {
+		err = a.Client.Create(ctx, l)
+	} else {
+		err = a.Client.Update(ctx, l)
+	}
+	a.writes.Add(1)
+	if err != nil {
+		return err
+	}
+	a.written = next
+	return nil
+}
+
+// moved reports whether next differs from prev by its replicas, its
+// identities, or any fraction by more than 1/100.
+func moved(prev, next *ratelimit.Allocation) bool {
+	if len(prev.Replicas) != len(next.Replicas) || len(prev.Budgets) != len(next.Budgets) {
+		return true
+	}
+	for i := range prev.Replicas {
+		if prev.Replicas[i] != next.Replicas[i] {
+			return true
+		}
+	}
+	for b, ids := range next.Budgets {
+		old, ok := prev.Budgets[b]
+		if !ok || len(old) != len(ids) {
+			return true
+		}
+		for user, fs := range ids {
+			ofs, ok := old[user]
+			if !ok || len(ofs) != len(fs) {
+				return true
+			}
+			for i := range fs {
+				if math.Abs(fs[i]-ofs[i]) > 0.01 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
