@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/watchgate/watchgate/internal/periodic"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -89,16 +90,15 @@ type ShareReporter struct {
 	// DefaultShareIdentities.
 	Interval, LeaseDuration time.Duration
 	MaxIdentities           int
-	Clock                   clock.WithTicker
+	Clock                   clock.Clock
 
 	writes atomic.Int64
 
-	lease       *coordinationv1.Lease
-	lastDemand  string
-	renewedAt   time.Time
-	sharesRV    string
-	evenN       int
-	initialized bool
+	lease      *coordinationv1.Lease
+	lastDemand string
+	renewedAt  time.Time
+	sharesRV   string
+	evenN      int
 }
 
 // Writes is how many API-server writes the reporter made.
@@ -130,21 +130,13 @@ func (r *ShareReporter) Start(ctx context.Context) error {
 		r.Engine.SetShares(r.Clock.Now(), ratelimit.EqualShares(r.Replicas))
 		r.evenN = r.Replicas
 	}
-	t := r.Clock.NewTicker(r.Interval)
-	defer t.Stop()
-	for {
-		r.Step(ctx)
-		select {
-		case <-ctx.Done():
-			del, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if r.lease != nil {
-				_ = r.Client.Delete(del, r.lease)
-			}
-			return nil
-		case <-t.C():
-		}
+	periodic.NowAndEvery(ctx, r.Clock, r.Interval, r.Step)
+	del, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if r.lease != nil {
+		_ = r.Client.Delete(del, r.lease) // best effort: the Lease expires anyway
 	}
+	return nil
 }
 
 // Step reports once and applies the allocation, logging what failed.
@@ -324,7 +316,7 @@ type ShareAllocator struct {
 	Pod                     string
 	Interval, LeaseDuration time.Duration
 	MaxIdentities           int
-	Clock                   clock.WithTicker
+	Clock                   clock.Clock
 
 	writes atomic.Int64
 
@@ -340,18 +332,12 @@ func (a *ShareAllocator) NeedLeaderElection() bool { return true }
 // Start allocates every Interval until ctx ends.
 func (a *ShareAllocator) Start(ctx context.Context) error {
 	a.defaults()
-	t := a.Clock.NewTicker(a.Interval)
-	defer t.Stop()
-	for {
+	periodic.NowAndEvery(ctx, a.Clock, a.Interval, func(ctx context.Context) {
 		if err := a.Step(ctx); err != nil {
 			logf.FromContext(ctx).WithName("shares").V(1).Info("Cannot allocate shares", "err", err.Error())
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		}
-	}
+	})
+	return nil
 }
 
 func (a *ShareAllocator) defaults() {

@@ -92,7 +92,12 @@ func TestBudgetsSharedByThreeReplicas(t *testing.T) {
 	lctx, stopLeader := context.WithCancel(ctx)
 	leaderDone := make(chan error, 1)
 	go func() { leaderDone <- leader.Start(lctx) }()
-	t.Cleanup(func() { stopLeader(); <-leaderDone })
+	t.Cleanup(func() {
+		stopLeader()
+		if err := <-leaderDone; err != nil {
+			t.Errorf("the leader's allocator: %v", err)
+		}
+	})
 	waitFor(t, 20*time.Second, "the leader's first allocation of three replicas", func() bool {
 		return len(allocated(t, admin, ns).Replicas) == 3
 	})
