@@ -1,4 +1,3 @@
-// Package logtest makes loggers for tests.
 package logtest
 
 import (

@@ -1,4 +1,3 @@
-// Package metricstest reads metrics in tests.
 package metricstest
 
 import (

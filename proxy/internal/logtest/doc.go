@@ -1,0 +1,2 @@
+// Package logtest makes loggers for tests.
+package logtest

@@ -1,0 +1,2 @@
+// Package metricstest reads metrics in tests.
+package metricstest
