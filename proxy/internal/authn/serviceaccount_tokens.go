@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -184,9 +185,13 @@ func (s *ServiceAccountTokens) refresh(ctx context.Context) error {
 		var cfg struct {
 			Issuer string `json:"issuer"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil || cfg.Issuer == "" {
+		if err := json.Unmarshal(raw, &cfg); err != nil {
 			keyRefreshes.WithLabelValues("error").Inc()
-			return nil, fmt.Errorf("openid-configuration without issuer: %v", err)
+			return nil, fmt.Errorf("openid-configuration without issuer: %w", err)
+		}
+		if cfg.Issuer == "" {
+			keyRefreshes.WithLabelValues("error").Inc()
+			return nil, errors.New("openid-configuration without issuer")
 		}
 		// The API server serves its keys at this path whatever
 		// jwks_uri says (which may name an external host).

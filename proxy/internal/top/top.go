@@ -134,7 +134,7 @@ func (t *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		review.FailClosed.Failed(w, r, review.Access, err, t.log, "caller", sampledlog.Bounded(caller.GetName()))
 		return
 	case decision != authorizer.DecisionAllow:
-		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf(
+		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf( //nolint:staticcheck // kube-apiserver's RBAC denial, word for word: clients see it in the Status message
 			"User %q cannot get resource \"watchbudgets/status\" in API group %q at the cluster scope", caller.GetName(), topResource.Group)))
 		return
 	}
