@@ -163,7 +163,7 @@ func NewServiceAccountTokens(client rest.Interface, audiences []string, clk cloc
 	return s
 }
 
-// run fetches the key set now and every interval on clk until ctx ends.
+// Run fetches the key set now and every interval on clk until ctx ends.
 func (s *ServiceAccountTokens) Run(ctx context.Context, clk clock.Clock, interval time.Duration, log *sampledlog.Logger) {
 	periodic.NowAndEvery(ctx, clk, interval, func(ctx context.Context) {
 		if err := s.refresh(ctx); err != nil && ctx.Err() == nil {

@@ -33,8 +33,10 @@ import (
 // keeps only the streams that have frames queued. Watches ask for no
 // priority.
 func HTTP2(srv *http.Server, handler http.Handler) error {
-	// Its other settings come from srv.HTTP2.
-	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} //nolint:staticcheck // net/http has no way to choose the write scheduler; its round robin cost most of the CPU at tens of thousands of watches
+	// x/net's server, for its random write scheduler: net/http has no way
+	// to choose one. Its other settings come from srv.HTTP2.
+	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} //nolint:staticcheck // net/http's round robin cost most of the CPU at tens of thousands of watches
+
 	if err := http2.ConfigureServer(srv, h2); err != nil { //nolint:staticcheck // x/net's server, not net/http's, so that the random write scheduler above is used
 		return err
 	}

@@ -65,6 +65,10 @@ type Endpoint struct {
 	Reads *ratelimit.KeyRate
 }
 
+// NewEndpoint returns the top endpoint of this replica (named replica in
+// its reports) that ranks with engine when engine can rank (a
+// *ratelimit.Engine can; otherwise it answers 404), and checks its callers
+// with access.
 func NewEndpoint(engine any, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledlog.Logger) *Endpoint {
 	t := &Endpoint{access: access, replica: replica, Reads: ratelimit.NewKeyRate(topReadsPerSecond, topReadBurst, MaxAccessAnswers), clock: clk, log: log}
 	t.engine, _ = engine.(topEngine)
