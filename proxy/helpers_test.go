@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
@@ -79,8 +78,4 @@ func get(t *testing.T, srv *httptest.Server, token, path string, headers ...stri
 		t.Fatalf("read body of %s: %v", path, err)
 	}
 	return resp, body
-}
-
-func schemaGR(group, resource string) schema.GroupResource {
-	return schema.GroupResource{Group: group, Resource: resource}
 }

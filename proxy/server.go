@@ -273,7 +273,10 @@ func (s *Server) Start(ctx context.Context) error {
 		_ = srv.Close()
 		s.log.Info("Closed connections still open after the grace period", "err", err.Error())
 	}
-	<-served
+	// Once Shutdown or Close has run, ServeTLS returns http.ErrServerClosed.
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		s.log.Info("Serving ended with an error", "err", fmt.Sprint(err))
+	}
 	s.upstream.CloseIdleConnections()
 	s.log.Info("Stopped")
 	return nil

@@ -86,7 +86,12 @@ func TestServerLifecycle(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for srv.ReadyCheck(nil) != nil {
 		if time.Now().After(deadline) {

@@ -182,6 +182,8 @@ type warned struct {
 	owed *rejection
 }
 
+// NewWarningLimiter returns a limiter that warns each (identity, budget)
+// pair at most once per interval and remembers at most max pairs.
 func NewWarningLimiter(interval time.Duration, max int) *warningLimiter {
 	return &warningLimiter{interval: interval, max: max, seed: maphash.MakeSeed(), byKey: make(map[uint64]*list.Element)}
 }

@@ -85,7 +85,7 @@ func ServiceUnavailable(message string, retryAfterSeconds int) *apierrors.Status
 //	X-Watchgate-Decision: reject; reason=FairShare; retry-after=5
 const DecisionHeader = "X-Watchgate-Decision"
 
-// formatDecision is DecisionHeader's value: the decision, then the reason,
+// FormatDecision is DecisionHeader's value: the decision, then the reason,
 // the budget and the retry-after in seconds, each when set.
 func FormatDecision(decision, reason, budget string, retryAfterSeconds int) string {
 	var b strings.Builder
@@ -112,7 +112,7 @@ func tooOldMessage(resourceVersion string) string {
 	return fmt.Sprintf("too old resource version: %s (answered by watchgate: the API server declared it too old)", resourceVersion)
 }
 
-// writeTooOld answers a watch exactly as kube-apiserver answers one from an
+// WriteTooOld answers a watch exactly as kube-apiserver answers one from an
 // expired resourceVersion: HTTP 200, a watch stream in the framing the client
 // negotiated (JSON or protobuf), one ERROR event whose object is a Status
 // 410 Expired, then the end of the stream.

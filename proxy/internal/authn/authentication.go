@@ -183,7 +183,7 @@ const (
 // its keys cannot be precomputed. Tokens found valid are also remembered
 // in recent (by key, for recentTTL, bounded in count; nil: none): when
 // such a token's answer has expired from the cache, its new review takes
-// laneRecent, the review budget a flood of unknown tokens cannot spend.
+// LaneRecent, the review budget a flood of unknown tokens cannot spend.
 func CachedTokens(inner authenticator.Token, cache *review.Cache, recent *utilcache.LRUExpireCache, ttl, negativeTTL, recentTTL time.Duration) authenticator.Token {
 	hmacKey := make([]byte, 32)
 	if _, err := rand.Read(hmacKey); err != nil {

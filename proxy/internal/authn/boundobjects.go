@@ -50,6 +50,9 @@ type objectState struct {
 	deleted time.Time
 }
 
+// NewBoundObjects returns a cache of the objects tokens are bound to, read
+// through client: at most size objects, found ones for ttl, missing ones
+// for negativeTTL, each GET bounded by timeout, expiry on clk.
 func NewBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, clk clock.PassiveClock) *boundObjects {
 	return &boundObjects{
 		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk),

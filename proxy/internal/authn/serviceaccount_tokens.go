@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -162,7 +163,7 @@ func NewServiceAccountTokens(client rest.Interface, audiences []string, clk cloc
 	return s
 }
 
-// run fetches the key set now and every interval on clk until ctx ends.
+// Run fetches the key set now and every interval on clk until ctx ends.
 func (s *ServiceAccountTokens) Run(ctx context.Context, clk clock.Clock, interval time.Duration, log *sampledlog.Logger) {
 	periodic.NowAndEvery(ctx, clk, interval, func(ctx context.Context) {
 		if err := s.refresh(ctx); err != nil && ctx.Err() == nil {
@@ -184,9 +185,13 @@ func (s *ServiceAccountTokens) refresh(ctx context.Context) error {
 		var cfg struct {
 			Issuer string `json:"issuer"`
 		}
-		if err := json.Unmarshal(raw, &cfg); err != nil || cfg.Issuer == "" {
+		if err := json.Unmarshal(raw, &cfg); err != nil {
 			keyRefreshes.WithLabelValues("error").Inc()
-			return nil, fmt.Errorf("openid-configuration without issuer: %v", err)
+			return nil, fmt.Errorf("openid-configuration without issuer: %w", err)
+		}
+		if cfg.Issuer == "" {
+			keyRefreshes.WithLabelValues("error").Inc()
+			return nil, errors.New("openid-configuration without issuer")
 		}
 		// The API server serves its keys at this path whatever
 		// jwks_uri says (which may name an external host).

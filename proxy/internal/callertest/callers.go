@@ -11,7 +11,9 @@ import (
 )
 
 var (
+	// Alice is a user of the dev group.
 	Alice = &user.DefaultInfo{Name: "alice", Groups: []string{"dev", user.AllAuthenticated}}
+	// Agent is a service account, agents/agent.
 	Agent = &user.DefaultInfo{Name: "system:serviceaccount:agents:agent", Groups: []string{"system:serviceaccounts", user.AllAuthenticated}}
 )
 

@@ -64,7 +64,7 @@ type versionKey struct {
 
 // KeyOf returns the key of a watch from an explicit
 // resourceVersion that the API server answers 410 when it is too old
-// (classification.fromVersion), or false for the others: versions that
+// (request.Classification.FromVersion), or false for the others: versions that
 // are never too old ("" and "0"), versions the proxy cannot parse,
 // watch-lists and other watches with sendInitialEvents or
 // resourceVersionMatch, which are never answered locally and so are not
@@ -215,6 +215,7 @@ func (l *followerLine) remove(fw *follower) {
 	l.n--
 }
 
+// New returns a Coalescer with no watch waiting.
 func New() *Coalescer {
 	return &Coalescer{m: map[versionKey]*Leader{}, waiting: map[string]int{}}
 }
@@ -455,6 +456,8 @@ func (p *Coalescer) Coalesce(ctx context.Context, k versionKey, caller string, m
 	}
 }
 
+// WatchesCoalesced counts the followers: watch opens held back while their
+// leader asked the API server whether their resourceVersion is too old.
 var WatchesCoalesced = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "watchgate_proxy_watches_coalesced_total",
 	Help: "Followers: watch opens held back while their leader, another watch from the same resourceVersion, asked the API server whether it is too old.",

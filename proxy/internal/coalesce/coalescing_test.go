@@ -429,7 +429,7 @@ func TestFollowersAreBoundedPerCaller(t *testing.T) {
 }
 
 // Only a watch from an explicit version without sendInitialEvents and
-// resourceVersionMatch (classification.fromVersion) is held for another
+// resourceVersionMatch (request.Classification.FromVersion) is held for another
 // from the same version.
 func TestCoalescingHoldsOnlyWatchesFromVersion(t *testing.T) {
 	for query, want := range map[string]bool{

@@ -77,7 +77,7 @@ func RuntimeMemory() (inUse, limit uint64) {
 	return total - min(collectable, total), lim
 }
 
-// memorySample is one reading and when it was taken.
+// MemorySample is one reading and when it was taken.
 type MemorySample struct {
 	at           time.Time
 	inUse, limit uint64

@@ -150,6 +150,10 @@ type Guard struct {
 	held map[string]int64 // watches per caller holding any; guarded by mu
 }
 
+// New returns a Guard that admits at most maxWatches watches on the
+// replica and perIdentity per caller (0: no cap), and none while the
+// memory read reports is above highWaterPercent of its limit; clk is its
+// Clock, the time its callers decide at.
 func New(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk clock.PassiveClock) *Guard {
 	guardMaxWatches.Set(float64(maxWatches))
 	return &Guard{

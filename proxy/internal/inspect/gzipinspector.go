@@ -129,6 +129,9 @@ type Gzip struct {
 	inflated int64
 }
 
+// NewGzip returns a Gzip that shows the inflated watch stream to next;
+// the member it holds is charged to caller's share of the budget all gzip
+// streams share.
 func NewGzip(next *Stream, caller string) *Gzip {
 	return &Gzip{next: next, budget: heldGzipBudget, caller: caller}
 }
@@ -293,7 +296,7 @@ func (g *Gzip) hold(m []byte) {
 	g.held = append(g.held, m...)
 }
 
-// finish is told that the stream ended: the member held, or a member still
+// Finish is told that the stream ended: the member held, or a member still
 // kept before deferring, is inflated and shown. Bytes kept after the
 // member held (a member the stream cut) are not: their start is not
 // certain and they cannot be checked whole.
@@ -482,7 +485,7 @@ func (g *Gzip) stop(reason string) {
 	g.next.stop()
 }
 
-// release returns the bytes kept and held. Bytes not inflated by then
+// Release returns the bytes kept and held. Bytes not inflated by then
 // count as skipped.
 func (g *Gzip) Release() {
 	skipped := len(g.held)
@@ -541,13 +544,13 @@ func init() {
 	metrics.Registry.MustRegister(gzipWatchBytes, gzipInspectionsStopped, gzipHeldBytes)
 }
 
-// heldMember is the member g holds for the stream's end, nil when none.
+// HeldMember is the member g holds for the stream's end, nil when none.
 func (g *Gzip) HeldMember() []byte { return g.held }
 
-// chargedTo is whose share of the held-bytes budget g's held member
+// ChargedTo is whose share of the held-bytes budget g's held member
 // takes.
 func (g *Gzip) ChargedTo() string { return g.caller }
 
-// useBudget makes g hold members on budget instead of the budget all
+// UseBudget makes g hold members on budget instead of the budget all
 // streams share; for tests, before g's first write.
 func (g *Gzip) UseBudget(budget *SharedBytes) { g.budget = budget }

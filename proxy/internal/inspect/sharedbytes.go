@@ -18,6 +18,8 @@ type SharedBytes struct {
 	byKey map[string]int64
 }
 
+// NewSharedBytes returns a SharedBytes of limit bytes in all, at most
+// perKey of them under one key.
 func NewSharedBytes(limit, perKey int64) *SharedBytes {
 	return &SharedBytes{limit: limit, perKey: perKey, byKey: map[string]int64{}}
 }
@@ -48,7 +50,7 @@ func (b *SharedBytes) give(key string, n int) {
 	}
 }
 
-// inUse is the bytes taken and not given back.
+// InUse is the bytes taken and not given back.
 func (b *SharedBytes) InUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -23,7 +23,7 @@ import (
 // stream itself.
 const MaxInspectedFrameBytes = 4 << 20
 
-// framing is how a watch stream separates its events.
+// Framing is how a watch stream separates its events.
 type Framing uint8
 
 const (
@@ -77,6 +77,8 @@ type Stream struct {
 	due     int
 }
 
+// NewStream returns a Stream that frames a watch stream as f, decodes its
+// candidate ERROR events with s and tells sink what it finds.
 func NewStream(f Framing, s runtime.Serializer, sink Sink) *Stream {
 	return &Stream{Framing: f, serializer: s, sink: sink}
 }
@@ -102,7 +104,7 @@ func (s *Stream) stop() {
 	s.Release()
 }
 
-// release returns the frame buffer to the pool.
+// Release returns the frame buffer to the pool.
 func (s *Stream) Release() {
 	if s.buf != nil {
 		*s.buf = (*s.buf)[:0]
@@ -460,7 +462,7 @@ func (s *Stream) writeLengthPrefixed(p []byte) {
 	}
 }
 
-// bufferedBytes is how many bytes of an unfinished frame s holds.
+// BufferedBytes is how many bytes of an unfinished frame s holds.
 func (s *Stream) BufferedBytes() int {
 	if s.buf == nil {
 		return 0

@@ -137,11 +137,12 @@ func fuzzInspector(t *testing.T, contentType string, data []byte, chunk int) {
 	if _, ended, _ := engine.Snapshot(); len(ended) != 1 {
 		t.Fatalf("WatchEnded called %d times, want 1", len(ended))
 	}
-	if wantOutcome := ratelimit.OutcomeClosed; len(sink.errors) > 0 {
+	wantOutcome := ratelimit.OutcomeClosed
+	if len(sink.errors) > 0 {
 		wantOutcome = ratelimit.OutcomeError
-		if _, ended, _ := engine.Snapshot(); ended[0] != wantOutcome {
-			t.Fatalf("outcome %v after ERROR events, want %v", ended[0], wantOutcome)
-		}
+	}
+	if _, ended, _ := engine.Snapshot(); ended[0] != wantOutcome {
+		t.Fatalf("outcome %v after ERROR events %v, want %v", ended[0], sink.errors, wantOutcome)
 	}
 }
 

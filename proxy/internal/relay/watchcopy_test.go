@@ -148,13 +148,6 @@ func (c *countingReads) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // readerStream is a relayedStream over a plain reader.
 type readerStream struct {
 	io.Reader

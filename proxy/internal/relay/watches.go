@@ -15,6 +15,7 @@ type OpenWatches struct {
 	closing bool
 }
 
+// NewOpenWatches returns an empty set that accepts watches.
 func NewOpenWatches() *OpenWatches {
 	return &OpenWatches{set: map[*Watch]struct{}{}}
 }
@@ -31,12 +32,14 @@ func (o *OpenWatches) Add(ws *Watch) bool {
 	return true
 }
 
+// Remove forgets ws, once it ended.
 func (o *OpenWatches) Remove(ws *Watch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	delete(o.set, ws)
 }
 
+// Len is the number of open watches.
 func (o *OpenWatches) Len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -62,7 +62,7 @@ func sendInitialEventsParam(q url.Values) *bool {
 // to; never written.
 var trueValue, falseValue = true, false
 
-// fromVersion reports whether c is a watch that kube-apiserver answers
+// FromVersion reports whether c is a watch that kube-apiserver answers
 // 410 Expired when its resourceVersion is too old, whatever its
 // configuration (see ratelimit.Request): an explicit version without
 // sendInitialEvents and resourceVersionMatch, in a query that decodes.

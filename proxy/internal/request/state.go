@@ -64,6 +64,8 @@ func StateOf(r *http.Request) (*State, *http.Request) {
 	return s, r.WithContext(WithState(r.Context(), s))
 }
 
+// CallerFrom returns the authenticated caller, false before
+// authentication.
 func CallerFrom(ctx context.Context) (user.Info, bool) {
 	if s := requestStateFrom(ctx); s != nil && s.Caller != nil {
 		return s.Caller, true
@@ -94,6 +96,8 @@ func IdentityFrom(ctx context.Context) (user.Info, bool) {
 	return CallerFrom(ctx)
 }
 
+// ClassificationFrom returns the request's classification, false before
+// the request was classified.
 func ClassificationFrom(ctx context.Context) (*Classification, bool) {
 	if s := requestStateFrom(ctx); s != nil && s.classification != nil {
 		return s.classification, true

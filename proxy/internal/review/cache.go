@@ -31,13 +31,17 @@ type Cache struct {
 	entries *utilcache.LRUExpireCache
 	flights singleflight.Group
 	budget  *Budget
-	// slots caps the reviews in flight; laneRecent's reviews have
+	// slots caps the reviews in flight; LaneRecent's reviews have
 	// reservedSlots of their own, so they never wait behind the others.
 	slots, reservedSlots chan struct{}
 	clock                clock.PassiveClock
 	timeout              time.Duration
 }
 
+// NewCache returns a Cache of at most size answers of reviews of kind
+// (the metrics label) that spend budget: at most concurrent reviews in
+// flight, plus a quarter of that (at least one) kept for LaneRecent, each
+// bounded by timeout; answers expire on clk.
 func NewCache(kind string, size int, budget *Budget, concurrent int, timeout time.Duration, clk clock.PassiveClock) *Cache {
 	return &Cache{
 		kind:          kind,
@@ -50,24 +54,24 @@ func NewCache(kind string, size int, budget *Budget, concurrent int, timeout tim
 	}
 }
 
-// Lane is which of Budget' buckets a review spends.
+// Lane is which of Budget's buckets a review spends.
 type Lane int
 
 const (
-	// laneNew spends the requester's own bucket, then the shared one.
+	// LaneNew spends the requester's own bucket, then the shared one.
 	LaneNew Lane = iota
-	// laneTrusted spends the requester's own bucket only: callers known
+	// LaneTrusted spends the requester's own bucket only: callers known
 	// to be allowed to impersonate users or groups, whom no one else can
 	// starve.
 	LaneTrusted
-	// laneRecent spends only the reserved bucket, and its own review
+	// LaneRecent spends only the reserved bucket, and its own review
 	// slots: tokens found valid a short while ago, whose callers never
 	// wait behind (or are throttled by) floods of unknown tokens. Without
-	// a reserved bucket it is laneNew.
+	// a reserved bucket it is LaneNew.
 	LaneRecent
 )
 
-// get returns the cached answer for key, or runs review once for every
+// Get returns the cached answer for key, or runs review once for every
 // caller asking for key at the same time and caches its answer for the TTL
 // it returns (0: not cached). A review is sent only when requester's
 // budget in lane allows (see Budget.allow). Errors are never cached.
@@ -125,9 +129,9 @@ func (c *Cache) Get(ctx context.Context, key, requester string, lane Lane, revie
 // SubjectAccessReviews), one shared bucket, and optionally a reserved one.
 // A review needs a token from the requester's bucket first, so a requester
 // that floods empties only its own bucket and never the shared one beyond
-// its own rate; trusted requesters (laneTrusted: callers already known to
+// its own rate; trusted requesters (LaneTrusted: callers already known to
 // be allowed to impersonate users or groups) skip the shared bucket, so no one else can
-// starve them; reviews of laneRecent take only from the reserved bucket,
+// starve them; reviews of LaneRecent take only from the reserved bucket,
 // which nothing else spends. At most maxRequesters buckets are kept (LRU);
 // a requester pushed out starts again with a full bucket. The state per
 // requester is its key (bounded by the caller: a network prefix or a hash)
@@ -141,6 +145,10 @@ type Budget struct {
 	perRequester *lru.Cache
 }
 
+// NewBudget returns a Budget whose shared bucket refills at
+// sharedPerSecond up to sharedBurst, and each requester's at perSecond up
+// to burst, for at most maxRequesters requesters; it has no reserved
+// bucket until WithReserve.
 func NewBudget(sharedPerSecond float64, sharedBurst int, perSecond float64, burst, maxRequesters int) *Budget {
 	return &Budget{
 		shared:       rate.NewLimiter(rate.Limit(sharedPerSecond), sharedBurst),
@@ -150,14 +158,14 @@ func NewBudget(sharedPerSecond float64, sharedBurst int, perSecond float64, burs
 	}
 }
 
-// withReserve gives f a reserved bucket for laneRecent, and returns f.
+// WithReserve gives f a reserved bucket for LaneRecent, and returns f.
 func (f *Budget) WithReserve(perSecond float64, burst int) *Budget {
 	f.reserved = rate.NewLimiter(rate.Limit(perSecond), max(1, burst))
 	return f
 }
 
-// allow takes, at now, a token from the reserved bucket for laneRecent;
-// otherwise one from requester's bucket and, for laneNew, one from the
+// Allow takes, at now, a token from the reserved bucket for LaneRecent;
+// otherwise one from requester's bucket and, for LaneNew, one from the
 // shared bucket.
 func (f *Budget) Allow(requester string, lane Lane, now time.Time) bool {
 	if lane == LaneRecent && f.reserved != nil {
@@ -187,6 +195,7 @@ func WithRequester(ctx context.Context, requester string) context.Context {
 	return context.WithValue(ctx, requesterKey{}, requester)
 }
 
+// RequesterFrom returns the requester WithRequester named, "" when none.
 func RequesterFrom(ctx context.Context) string {
 	s, _ := ctx.Value(requesterKey{}).(string)
 	return s

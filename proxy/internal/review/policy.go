@@ -81,16 +81,19 @@ type Kind struct {
 }
 
 var (
+	// Token is the TokenReview of a caller's bearer token.
 	Token = Kind{
 		label: "token", throttled: "too many new tokens to review, please try again later", unavailable: "authentication",
 		failOpen: "Cannot review token; forwarding as unreviewed (fail open)", failClosed: "Cannot review token",
 	}
+	// Impersonation is the SubjectAccessReview of a caller's right to
+	// impersonate the user and groups it names.
 	Impersonation = Kind{
 		label: "impersonation", throttled: "too many impersonation checks, please try again later", unavailable: "the impersonation check",
 		failOpen: "Cannot check impersonation; charging the caller (fail open)", failClosed: "Cannot check impersonation",
 	}
-	// accessReview checks a caller of the top endpoint, which always
-	// fails closed.
+	// Access is the SubjectAccessReview of a caller of the top endpoint,
+	// which always fails closed.
 	Access = Kind{
 		label: "access", throttled: "too many access checks, please try again later", unavailable: "the access check",
 		failClosed: "Cannot check access to the top endpoint",

@@ -15,13 +15,17 @@ import (
 // reloaded when they change (certwatcher), or a pair generated at start.
 type Certificate struct {
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	// watch runs until ctx ends; nil for a generated pair.
+	// Watch runs until ctx ends; nil for a generated pair.
 	Watch func(ctx context.Context) error
-	// generatedCA is the PEM of the generated pair's certificates (serving
+	// GeneratedCA is the PEM of the generated pair's certificates (serving
 	// certificate and its self-signed CA); empty for files.
 	GeneratedCA []byte
 }
 
+// NewCertificate returns the certificate in certFile and keyFile, reloaded
+// when they change, or, when certFile is empty, a self-signed pair
+// generated now for localhost, watchgate, the host name and the loopback
+// addresses.
 func NewCertificate(certFile, keyFile string) (*Certificate, error) {
 	if certFile != "" {
 		w, err := certwatcher.New(certFile, keyFile)

@@ -33,8 +33,11 @@ import (
 // keeps only the streams that have frames queued. Watches ask for no
 // priority.
 func HTTP2(srv *http.Server, handler http.Handler) error {
-	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} // its settings come from srv.HTTP2
-	if err := http2.ConfigureServer(srv, h2); err != nil {
+	// x/net's server, for its random write scheduler: net/http has no way
+	// to choose one. Its other settings come from srv.HTTP2.
+	h2 := &http2.Server{NewWriteScheduler: http2.NewRandomWriteScheduler} //nolint:staticcheck // net/http's round robin cost most of the CPU at tens of thousands of watches
+
+	if err := http2.ConfigureServer(srv, h2); err != nil { //nolint:staticcheck // x/net's server, not net/http's, so that the random write scheduler above is used
 		return err
 	}
 	srv.TLSNextProto[http2.NextProtoTLS] = func(hs *http.Server, c *tls.Conn, h http.Handler) {
@@ -42,7 +45,7 @@ func HTTP2(srv *http.Server, handler http.Handler) error {
 		if bc, ok := h.(interface{ BaseContext() context.Context }); ok {
 			ctx = bc.BaseContext()
 		}
-		h2.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: handler, BaseConfig: hs})
+		h2.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: handler, BaseConfig: hs}) //nolint:staticcheck // x/net's server serves the connection, with the random write scheduler net/http cannot be given
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ import (
 	restclientwatch "k8s.io/client-go/rest/watch"
 )
 
-// benchEvents is a JSON watch stream of n MODIFIED events of ~1.2 KiB
+// BenchEvents is a JSON watch stream of n MODIFIED events of ~1.2 KiB
 // ConfigMaps, as kube-apiserver writes them (one compact value per line).
 func BenchEvents(n int) []byte {
 	var b bytes.Buffer
@@ -27,7 +27,7 @@ func BenchEvents(n int) []byte {
 	return b.Bytes()
 }
 
-// benchProtobufEvents is benchEvents as a protobuf watch stream, framed
+// BenchProtobufEvents is BenchEvents as a protobuf watch stream, framed
 // and encoded as kube-apiserver writes it (length-prefixed raw WatchEvents
 // embedding enveloped ConfigMaps).
 func BenchProtobufEvents(tb testing.TB, n int) []byte {

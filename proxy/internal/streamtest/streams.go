@@ -26,7 +26,7 @@ const (
 	ProtobufWatchType = "application/vnd.kubernetes.protobuf;stream=watch"
 )
 
-// referenceStreamInfo is apimachinery's own way to read a watch stream of
+// ReferenceStreamInfo is apimachinery's own way to read a watch stream of
 // contentType: the oracle the inspector is checked against.
 func ReferenceStreamInfo(contentType string) (runtime.StreamSerializerInfo, bool) {
 	mediaType, _, err := mime.ParseMediaType(contentType)
@@ -40,7 +40,7 @@ func ReferenceStreamInfo(contentType string) (runtime.StreamSerializerInfo, bool
 	return *info.StreamSerializer, true
 }
 
-// referenceErrors decodes the whole stream with apimachinery's framer and
+// ReferenceErrors decodes the whole stream with apimachinery's framer and
 // streaming decoder, as the proxy did before it framed streams itself, and
 // returns the code of each ERROR event's Status (0 when not a Status), and
 // whether the decoder read to the end without an error.
@@ -61,6 +61,8 @@ func ReferenceErrors(t testing.TB, contentType string, data []byte) (codes []int
 	}
 }
 
+// StatusCode is the code of obj when it decoded (err nil) to a Status, 0
+// otherwise.
 func StatusCode(obj runtime.Object, err error) int32 {
 	if s, ok := obj.(*metav1.Status); ok && err == nil {
 		return s.Code
@@ -68,10 +70,14 @@ func StatusCode(obj runtime.Object, err error) int32 {
 	return 0
 }
 
+// LengthPrefixed is payload as one protobuf watch frame: its length as 4
+// big-endian bytes, then the payload.
 func LengthPrefixed(payload []byte) []byte {
 	return append(binary.BigEndian.AppendUint32(nil, uint32(len(payload))), payload...) //nolint:gosec // test data
 }
 
+// JSONFrames is a JSON watch stream as kube-apiserver writes it, one frame
+// per event: ADDED, MODIFIED, then an ERROR 410 Expired.
 func JSONFrames() [][]byte {
 	return [][]byte{
 		[]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"43"}}}` + "\n"),
@@ -80,7 +86,7 @@ func JSONFrames() [][]byte {
 	}
 }
 
-// protobufFrames encodes events the way kube-apiserver does: a
+// ProtobufFrames encodes events the way kube-apiserver does: a
 // length-delimited stream of raw WatchEvents embedding enveloped objects.
 func ProtobufFrames(t testing.TB) [][]byte {
 	info, ok := runtime.SerializerInfoForMediaType(answer.MetaCodecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
@@ -102,7 +108,7 @@ func ProtobufFrames(t testing.TB) [][]byte {
 	return frames
 }
 
-// gzipMembers encodes groups of frames as kube-apiserver encodes a
+// GzipMembers encodes groups of frames as kube-apiserver encodes a
 // watch-list for a client that accepts gzip: one gzip member (level 1,
 // flushed then closed) per flush, here per group.
 func GzipMembers(t testing.TB, groups ...[][]byte) []byte {
@@ -129,7 +135,7 @@ func GzipMembers(t testing.TB, groups ...[][]byte) []byte {
 	return out.Bytes()
 }
 
-// manyEvents returns n JSON ADDED events of about 300 bytes, then an ERROR
+// ManyEvents returns n JSON ADDED events of about 300 bytes, then an ERROR
 // 410.
 func ManyEvents(n int) [][]byte {
 	frames := make([][]byte, 0, n+1)
@@ -140,7 +146,7 @@ func ManyEvents(n int) [][]byte {
 	return append(frames, JSONFrames()[2])
 }
 
-// memberReads encodes each group of frames as one gzip member, as
+// MemberReads encodes each group of frames as one gzip member, as
 // kube-apiserver flushes them, and returns one read per member.
 func MemberReads(t testing.TB, groups ...[][]byte) [][]byte {
 	t.Helper()
@@ -151,7 +157,7 @@ func MemberReads(t testing.TB, groups ...[][]byte) [][]byte {
 	return reads
 }
 
-// chunkedReader returns its reads one per Read, the last with end (nil:
+// ChunkedReader returns its reads one per Read, the last with end (nil:
 // io.EOF in a Read of its own).
 type ChunkedReader struct {
 	Reads [][]byte

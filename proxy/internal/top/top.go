@@ -65,6 +65,10 @@ type Endpoint struct {
 	Reads *ratelimit.KeyRate
 }
 
+// NewEndpoint returns the top endpoint of this replica (named replica in
+// its reports) that ranks with engine when engine can rank (a
+// *ratelimit.Engine can; otherwise it answers 404), and checks its callers
+// with access.
 func NewEndpoint(engine any, access authorizer.Authorizer, replica string, clk clock.PassiveClock, log *sampledlog.Logger) *Endpoint {
 	t := &Endpoint{access: access, replica: replica, Reads: ratelimit.NewKeyRate(topReadsPerSecond, topReadBurst, MaxAccessAnswers), clock: clk, log: log}
 	t.engine, _ = engine.(topEngine)
@@ -134,7 +138,7 @@ func (t *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		review.FailClosed.Failed(w, r, review.Access, err, t.log, "caller", sampledlog.Bounded(caller.GetName()))
 		return
 	case decision != authorizer.DecisionAllow:
-		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf(
+		answer.WriteStatus(w, r, apierrors.NewForbidden(topResource, q.budget, fmt.Errorf( //nolint:staticcheck // kube-apiserver's RBAC denial, word for word: clients see it in the Status message
 			"User %q cannot get resource \"watchbudgets/status\" in API group %q at the cluster scope", caller.GetName(), topResource.Group)))
 		return
 	}

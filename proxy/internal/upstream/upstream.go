@@ -160,6 +160,9 @@ func (t Transport) CloseIdleConnections() {
 	}
 }
 
+// RoundTrip sends r over the transport its kind takes: upgrades over
+// HTTP/1.1, admitted watches over the watch client, the rest over
+// net/http's HTTP/2.
 func (t Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
 		return t.upgrade.RoundTrip(r)
@@ -253,8 +256,11 @@ var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, CopyBufferByt
 // CopyBuffers is an httputil.BufferPool over copyBufferPool.
 type CopyBuffers struct{}
 
+// Get returns a buffer of CopyBufferBytes from the pool.
 func (CopyBuffers) Get() []byte { return *copyBufferPool.Get().(*[]byte) }
 
+// Put returns b to the pool when it has the pool's capacity, and drops
+// any other buffer.
 func (CopyBuffers) Put(b []byte) {
 	if cap(b) == CopyBufferBytes {
 		b = b[:CopyBufferBytes]

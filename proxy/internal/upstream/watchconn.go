@@ -219,7 +219,7 @@ func (cc *watchConn) roundTrip(req *http.Request) (resp *http.Response, retry bo
 	cc.hbuf.Reset()
 	cc.wmu.Unlock()
 	if err != nil {
-		cc.fail(fmt.Errorf("watchgate: writing to the API server: %v", err))
+		cc.fail(fmt.Errorf("watchgate: writing to the API server: %w", err))
 	}
 
 	for {
@@ -286,7 +286,7 @@ func (cc *watchConn) write(fn func() error) {
 	}
 	cc.wmu.Unlock()
 	if err != nil {
-		cc.fail(fmt.Errorf("watchgate: writing to the API server: %v", err))
+		cc.fail(fmt.Errorf("watchgate: writing to the API server: %w", err))
 	}
 }
 
@@ -403,7 +403,7 @@ func (cc *watchConn) readLoop() {
 		switch {
 		case errors.As(err, &se):
 			if s, _ := cc.stream(se.StreamID); s != nil {
-				s.end(fmt.Errorf("watchgate: the API server's stream broke: %v", se), false)
+				s.end(fmt.Errorf("watchgate: the API server's stream broke: %w", se), false)
 				cc.resetStream(s, se.Code)
 			}
 			err = nil
@@ -414,7 +414,7 @@ func (cc *watchConn) readLoop() {
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
-	cc.fail(fmt.Errorf("watchgate: the API server's HTTP/2 connection broke: %v", err))
+	cc.fail(fmt.Errorf("watchgate: the API server's HTTP/2 connection broke: %w", err))
 }
 
 // handle processes one frame in the read loop; an error fails the

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// h2Upstream is an HTTPS upstream speaking HTTP/2 with h, allowing
+// H2Upstream is an HTTPS upstream speaking HTTP/2 with h, allowing
 // streams per connection (0: Go's default); accepted counts its
 // connections.
 func H2Upstream(t testing.TB, streams int, h http.HandlerFunc) (up *httptest.Server, accepted *atomic.Int64) {
@@ -34,7 +34,7 @@ func H2Upstream(t testing.TB, streams int, h http.HandlerFunc) (up *httptest.Ser
 	return up, accepted
 }
 
-// watchUpstream is an HTTPS upstream speaking HTTP/2 that allows streams
+// WatchUpstream is an HTTPS upstream speaking HTTP/2 that allows streams
 // per connection and answers every request 200 with its headers flushed,
 // then holds the stream until the client leaves or the test ends; its
 // rest.Config trusts it, and accepted counts the connections it accepted.
@@ -54,14 +54,14 @@ func WatchUpstream(tb testing.TB, streams uint32) (up *httptest.Server, cfg *res
 	return up, Trusting(up), accepted
 }
 
-// trusting is a rest.Config for the TLS server up that trusts its certificate.
+// Trusting is a rest.Config for the TLS server up that trusts its certificate.
 func Trusting(up *httptest.Server) *rest.Config {
 	return &rest.Config{Host: up.URL, TLSClientConfig: rest.TLSClientConfig{
 		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}),
 	}}
 }
 
-// openAtOnce opens n watches at once with open and returns their bodies;
+// OpenAtOnce opens n watches at once with open and returns their bodies;
 // any open that fails fails the test.
 func OpenAtOnce(t *testing.T, n int, open func(i int) (*http.Response, error)) []io.Closer {
 	t.Helper()
