@@ -107,19 +107,26 @@ func (r *ShareReporter) Writes() int64 { return r.writes.Load() }
 // NeedLeaderElection is false: every replica reports and enforces.
 func (r *ShareReporter) NeedLeaderElection() bool { return false }
 
+// shareDefaults fills in the reporter's and the allocator's zero settings:
+// DefaultShareInterval, DefaultShareLeaseDuration, DefaultShareIdentities
+// and the real clock.
+func shareDefaults(interval, lease *time.Duration, maxIdentities *int, clk *clock.Clock) {
+	if *interval <= 0 {
+		*interval = DefaultShareInterval
+	}
+	if *lease <= 0 {
+		*lease = DefaultShareLeaseDuration
+	}
+	if *maxIdentities <= 0 {
+		*maxIdentities = DefaultShareIdentities
+	}
+	if *clk == nil {
+		*clk = clock.RealClock{}
+	}
+}
+
 func (r *ShareReporter) defaults() {
-	if r.Interval <= 0 {
-		r.Interval = DefaultShareInterval
-	}
-	if r.LeaseDuration <= 0 {
-		r.LeaseDuration = DefaultShareLeaseDuration
-	}
-	if r.MaxIdentities <= 0 {
-		r.MaxIdentities = DefaultShareIdentities
-	}
-	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
-	}
+	shareDefaults(&r.Interval, &r.LeaseDuration, &r.MaxIdentities, &r.Clock)
 }
 
 // Start reports every Interval until ctx ends, then deletes its demand
@@ -341,18 +348,7 @@ func (a *ShareAllocator) Start(ctx context.Context) error {
 }
 
 func (a *ShareAllocator) defaults() {
-	if a.Interval <= 0 {
-		a.Interval = DefaultShareInterval
-	}
-	if a.LeaseDuration <= 0 {
-		a.LeaseDuration = DefaultShareLeaseDuration
-	}
-	if a.MaxIdentities <= 0 {
-		a.MaxIdentities = DefaultShareIdentities
-	}
-	if a.Clock == nil {
-		a.Clock = clock.RealClock{}
-	}
+	shareDefaults(&a.Interval, &a.LeaseDuration, &a.MaxIdentities, &a.Clock)
 }
 
 // Step allocates once.
