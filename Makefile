@@ -102,7 +102,7 @@ bench: build ## Measure direct vs a bare reverse proxy vs watchgate on a real AP
 
 .PHONY: bench-go
 bench-go: ## Run the Go benchmarks of the engine and the proxy (ratelimit/, proxy/).
-	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets go test -run '^$$' -bench . -benchmem ./ratelimit/ ./proxy/
+	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets go test -run '^$$' -bench . -benchmem ./ratelimit/ ./proxy/...
 
 LOAD_WATCHES ?= 10000
 LOAD_HOLD ?= 2m
