@@ -209,7 +209,7 @@ type SuggestedLimits struct {
 	WatchBurst int32 `json:"watchBurst,omitempty"`
 
 	// maxConcurrentWatches would have admitted the most watches open at
-	// once (per proxy replica) of share percent of them. Absent when none
+	// once through one replica of share percent of them (see identities). Absent when none
 	// opened a watch. Between 0 and 100000.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100000
@@ -242,8 +242,15 @@ type SuggestedLimits struct {
 
 	// identities is how many identities the suggestion rests on, summed
 	// over the replicas: an identity served by two replicas counts twice,
-	// with each replica's share of its requests (limits are per replica),
-	// and one forgotten when idle and seen again later counts again.
+	// each time with the peaks of its requests through that replica, and
+	// one forgotten when idle and seen again later counts again. The
+	// peaks are per replica; the limits are per replica only when each
+	// replica enforces every budget whole (--share-budgets=false, or no
+	// leader election). Shared budgets (the default with leader election)
+	// bound an identity's requests through all replicas together, so for
+	// an identity spread over replicas the suggestion rests on parts of
+	// its traffic and may fall short of its sum; with ClientIP affinity an
+	// identity's clients stay on one replica.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Identities int64 `json:"identities"`

@@ -30,7 +30,7 @@ type SuggestedLimitsApplyConfiguration struct {
 	// Between 0 and 100000.
 	WatchBurst *int32 `json:"watchBurst,omitempty"`
 	// maxConcurrentWatches would have admitted the most watches open at
-	// once (per proxy replica) of share percent of them. Absent when none
+	// once through one replica of share percent of them (see identities). Absent when none
 	// opened a watch. Between 0 and 100000.
 	MaxConcurrentWatches *int32 `json:"maxConcurrentWatches,omitempty"`
 	// listsPerMinute would have admitted the most lists in a calendar
@@ -52,8 +52,15 @@ type SuggestedLimitsApplyConfiguration struct {
 	WouldRefuse *int64 `json:"wouldRefuse,omitempty"`
 	// identities is how many identities the suggestion rests on, summed
 	// over the replicas: an identity served by two replicas counts twice,
-	// with each replica's share of its requests (limits are per replica),
-	// and one forgotten when idle and seen again later counts again.
+	// each time with the peaks of its requests through that replica, and
+	// one forgotten when idle and seen again later counts again. The
+	// peaks are per replica; the limits are per replica only when each
+	// replica enforces every budget whole (--share-budgets=false, or no
+	// leader election). Shared budgets (the default with leader election)
+	// bound an identity's requests through all replicas together, so for
+	// an identity spread over replicas the suggestion rests on parts of
+	// its traffic and may fall short of its sum; with ClientIP affinity an
+	// identity's clients stay on one replica.
 	Identities *int64 `json:"identities,omitempty"`
 	// since is when the observation began: the earliest time a replica
 	// whose entry counts started observing the budget (its start, or the
