@@ -40,6 +40,8 @@ func observedEntry(op *ratelimit.ObservedPeaks) *v1alpha1.ObservedPeaks {
 		ConcurrentWatches:     buckets(&op.ConcurrentWatches),
 		ListsPerMinute:        buckets(&op.ListsPerMinute),
 		StaleAnswersPerMinute: buckets(&op.StaleAnswersPerMinute),
+
+		BackoffRefusalsPerMinute: buckets(&op.BackoffRefusalsPerMinute),
 	}
 }
 
@@ -53,7 +55,8 @@ func sameObserved(a, b *v1alpha1.ObservedPeaks) bool {
 		slices.Equal(a.WatchBurst, b.WatchBurst) &&
 		slices.Equal(a.ConcurrentWatches, b.ConcurrentWatches) &&
 		slices.Equal(a.ListsPerMinute, b.ListsPerMinute) &&
-		slices.Equal(a.StaleAnswersPerMinute, b.StaleAnswersPerMinute)
+		slices.Equal(a.StaleAnswersPerMinute, b.StaleAnswersPerMinute) &&
+		slices.Equal(a.BackoffRefusalsPerMinute, b.BackoffRefusalsPerMinute)
 }
 
 // observedApply is the apply configuration of a replica's sketch.
@@ -80,6 +83,9 @@ func observedApply(o *v1alpha1.ObservedPeaks) *wbac.ObservedPeaksApplyConfigurat
 	}
 	if len(o.StaleAnswersPerMinute) > 0 {
 		a.WithStaleAnswersPerMinute(buckets(o.StaleAnswersPerMinute)...)
+	}
+	if len(o.BackoffRefusalsPerMinute) > 0 {
+		a.WithBackoffRefusalsPerMinute(buckets(o.BackoffRefusalsPerMinute)...)
 	}
 	return a
 }
@@ -108,6 +114,7 @@ func mergeObserved(replicas []v1alpha1.ReplicaStatus) (ratelimit.ObservedPeaks, 
 		add(&one.ConcurrentWatches, o.ConcurrentWatches)
 		add(&one.ListsPerMinute, o.ListsPerMinute)
 		add(&one.StaleAnswersPerMinute, o.StaleAnswersPerMinute)
+		add(&one.BackoffRefusalsPerMinute, o.BackoffRefusalsPerMinute)
 		op.Merge(&one)
 	}
 	return op, found
@@ -125,9 +132,11 @@ func suggestedLimits(b *ratelimit.Budget, replicas []v1alpha1.ReplicaStatus) *v1
 		return nil
 	}
 	s := ratelimit.Suggest(&op, b.Limits, b.Suggestion)
+	anyway := s.BackingOff
 	if b.StaleVersions.Action != ratelimit.StalePass {
 		// Answered locally whatever the limits: refused too.
 		s.WouldRefuse = max(s.WouldRefuse, s.StaleLoops)
+		anyway += s.StaleLoops
 	}
 	since := metav1.NewTime(op.Since)
 	return &v1alpha1.SuggestedLimits{
@@ -137,6 +146,7 @@ func suggestedLimits(b *ratelimit.Budget, replicas []v1alpha1.ReplicaStatus) *v1
 		MaxConcurrentWatches: s.MaxConcurrentWatches,
 		ListsPerMinute:       s.ListsPerMinute,
 		WouldRefuse:          s.WouldRefuse,
+		RefusedAnyway:        anyway,
 		Identities:           s.Identities,
 		Since:                &since,
 	}
@@ -174,6 +184,7 @@ func suggestedApply(s *v1alpha1.SuggestedLimits) *wbac.SuggestedLimitsApplyConfi
 	a := wbac.SuggestedLimits().
 		WithSummary(s.Summary).
 		WithWouldRefuse(s.WouldRefuse).
+		WithRefusedAnyway(s.RefusedAnyway).
 		WithIdentities(s.Identities)
 	if s.WatchOpensPerMinute > 0 {
 		a.WithWatchOpensPerMinute(s.WatchOpensPerMinute)

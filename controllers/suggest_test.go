@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ func observedOf(since time.Time, opens ...int64) ratelimit.ObservedPeaks {
 		op.ConcurrentWatches.Add(1)
 		op.ListsPerMinute.Add(0)
 		op.StaleAnswersPerMinute.Add(0)
+		op.BackoffRefusalsPerMinute.Add(0)
 	}
 	return op
 }
@@ -128,5 +130,38 @@ func TestSuggestedLimitsCountStaleLoops(t *testing.T) {
 	b.StaleVersions.Action = ratelimit.StalePass
 	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 0 {
 		t.Errorf("stale versions passed: %+v, want wouldRefuse 0", got)
+	}
+}
+
+// Identities held back by backoff are refused whatever the limits:
+// wouldRefuse counts them, and refusedAnyway adds them to the stale loops
+// the suggested limits refuse too.
+func TestSuggestedLimitsCountBackoff(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	op := observedOf(t0, 5, 5, 5, 5)
+	// Two had watches refused for backoff (their watches kept dying), one
+	// of them was answered "too old" as well.
+	op.BackoffRefusalsPerMinute, op.StaleAnswersPerMinute = ratelimit.PeakSketch{}, ratelimit.PeakSketch{}
+	for _, v := range []int64{0, 0, 30, 2} {
+		op.BackoffRefusalsPerMinute.Add(v)
+	}
+	for _, v := range []int64{0, 0, 0, 7} {
+		op.StaleAnswersPerMinute.Add(v)
+	}
+	entry := observedEntry(&op)
+	if want := []v1alpha1.PeakBucket{{Le: 0, Count: 2}, {Le: 2, Count: 1}, {Le: 31, Count: 1}}; !slices.Equal(entry.BackoffRefusalsPerMinute, want) {
+		t.Errorf("backoff buckets %v, want %v", entry.BackoffRefusalsPerMinute, want)
+	}
+	replicas := []v1alpha1.ReplicaStatus{{Pod: "a", Observed: entry}}
+	if merged, _ := mergeObserved(replicas); merged.BackoffRefusalsPerMinute.Above(0) != 2 {
+		t.Errorf("merged sketch: %d identities backed off, want 2", merged.BackoffRefusalsPerMinute.Above(0))
+	}
+	b := ratelimit.Budget{Name: "b", Enforcement: ratelimit.DryRun, Limits: ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1}}
+	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 2 || got.RefusedAnyway != 3 {
+		t.Errorf("backoff and a stale loop: %+v, want wouldRefuse 2, refusedAnyway 3", got)
+	}
+	b.StaleVersions.Action = ratelimit.StalePass
+	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 2 || got.RefusedAnyway != 2 {
+		t.Errorf("stale versions passed: %+v, want wouldRefuse 2, refusedAnyway 2", got)
 	}
 }

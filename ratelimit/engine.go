@@ -22,8 +22,8 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 312 MiB
-	// (BenchmarkIdentityMemory; 56 bytes of each are its observed peaks,
+	// identity out. At the cap, identities take about 328 MiB
+	// (BenchmarkIdentityMemory; 64 bytes of each are its observed peaks,
 	// see ObservedPeaks), plus at most one overflow backoff key each.
 	//
 	// At the cap a new identity is governed by its budget's shared

@@ -7,8 +7,8 @@ import (
 
 // observation is what one identity did under its budget, as peaks: the
 // most watch opens in a calendar minute (UTC) and in a calendar second, the
-// most watches open at once, the most lists and the most stale-version
-// answers in a calendar minute. It is fixed-size (observationBytes), kept
+// most watches open at once, the most lists, the most stale-version
+// answers and the most watches refused for backoff in a calendar minute. It is fixed-size (observationBytes), kept
 // in the identity and evicted with it (folded first into its budget's
 // retired peaks), and records requests as asked — in Enforce, rejected ones
 // too, since they show what the identity wanted. Its fields are guarded by
@@ -17,15 +17,15 @@ type observation struct {
 	// minute and second are the calendar minute and second (Unix time
 	// divided by their length) the counts below are of.
 	minute, second int64
-	// opens, lists, stale count the current minute; secondOpens the
-	// current second.
-	opens, lists, stale, secondOpens int32
-	peak                             peaks
+	// opens, lists, stale, backoffs count the current minute; secondOpens
+	// the current second.
+	opens, lists, stale, backoffs, secondOpens int32
+	peak                                       peaks
 }
 
 // peaks are an identity's observed peaks, one per quantity.
 type peaks struct {
-	opensPerMinute, burst, concurrent, listsPerMinute, stalePerMinute int32
+	opensPerMinute, burst, concurrent, listsPerMinute, stalePerMinute, backoffPerMinute int32
 }
 
 // observationBytes is the size of an observation, part of an identity's.
@@ -36,7 +36,7 @@ const observationBytes = int(unsafe.Sizeof(observation{}))
 // the current window.
 func (o *observation) at(now int64) {
 	if m := now / int64(time.Minute); m > o.minute {
-		o.minute, o.opens, o.lists, o.stale = m, 0, 0, 0
+		o.minute, o.opens, o.lists, o.stale, o.backoffs = m, 0, 0, 0, 0
 	}
 	if s := now / int64(time.Second); s > o.second {
 		o.second, o.secondOpens = s, 0
@@ -68,6 +68,14 @@ func (o *observation) staleAnswered(now int64) {
 	o.peak.stalePerMinute = max(o.peak.stalePerMinute, o.stale)
 }
 
+// backedOff records a watch refused (or, in DryRun, that would have been)
+// for backoff at now (UnixNano); it was counted as asked as well.
+func (o *observation) backedOff(now int64) {
+	o.at(now)
+	o.backoffs = addSat(o.backoffs)
+	o.peak.backoffPerMinute = max(o.peak.backoffPerMinute, o.backoffs)
+}
+
 // concurrent records n watches open at once (or wanted: an admitted one
 // and the one refused for too many).
 func (o *observation) concurrent(n int32) {
@@ -84,8 +92,8 @@ func addSat(n int32) int32 {
 // ObservedPeaks sketch, for one budget, the peaks of the identities it
 // governed (see PeakSketch): per identity, the most watch opens in a
 // calendar minute (UTC) and in a calendar second, the most watches open at
-// once, the most lists and the most watches answered "too old" locally in
-// a calendar minute. Requests are counted as asked: in DryRun that is all
+// once, the most lists, the most watches answered "too old" locally and
+// the most watches refused for backoff in a calendar minute. Requests are counted as asked: in DryRun that is all
 // the identity did; in Enforce rejected requests count too, and a rejected
 // client's retries with them. Each identity counts once per sketch, with a
 // peak of 0 in what it never did; an identity evicted when idle and seen
@@ -93,8 +101,8 @@ func addSat(n int32) int32 {
 // Options.MaxTrackedKeys (which share one overflow identity) are not
 // observed.
 //
-// It costs a budget 5·PeakSketchBytes = 4800 bytes in the engine (its
-// evicted identities' peaks) and an identity observationBytes = 56 bytes
+// It costs a budget 6·PeakSketchBytes = 5760 bytes in the engine (its
+// evicted identities' peaks) and an identity observationBytes = 64 bytes
 // (TestObservationSize). Sketches of several replicas Merge.
 type ObservedPeaks struct {
 	// Since is when the engine started observing the budget; zero for an
@@ -104,9 +112,9 @@ type ObservedPeaks struct {
 	// every sketch below.
 	Identities int64
 	// WatchOpensPerMinute, WatchBurst (opens within a second),
-	// ConcurrentWatches, ListsPerMinute and StaleAnswersPerMinute sketch
-	// the identities' peaks.
-	WatchOpensPerMinute, WatchBurst, ConcurrentWatches, ListsPerMinute, StaleAnswersPerMinute PeakSketch
+	// ConcurrentWatches, ListsPerMinute, StaleAnswersPerMinute and
+	// BackoffRefusalsPerMinute sketch the identities' peaks.
+	WatchOpensPerMinute, WatchBurst, ConcurrentWatches, ListsPerMinute, StaleAnswersPerMinute, BackoffRefusalsPerMinute PeakSketch
 }
 
 // add counts one identity with peaks p.
@@ -117,6 +125,7 @@ func (op *ObservedPeaks) add(p *peaks) {
 	op.ConcurrentWatches.Add(int64(p.concurrent))
 	op.ListsPerMinute.Add(int64(p.listsPerMinute))
 	op.StaleAnswersPerMinute.Add(int64(p.stalePerMinute))
+	op.BackoffRefusalsPerMinute.Add(int64(p.backoffPerMinute))
 }
 
 // Merge adds o's identities to op; Since becomes the earlier of the two
@@ -131,6 +140,7 @@ func (op *ObservedPeaks) Merge(o *ObservedPeaks) {
 	op.ConcurrentWatches.Merge(&o.ConcurrentWatches)
 	op.ListsPerMinute.Merge(&o.ListsPerMinute)
 	op.StaleAnswersPerMinute.Merge(&o.StaleAnswersPerMinute)
+	op.BackoffRefusalsPerMinute.Merge(&o.BackoffRefusalsPerMinute)
 }
 
 // observes reports whether id's requests are observed: not the overflow
@@ -148,6 +158,9 @@ func (e *Engine) observe(id *identity, now int64, r *Request, stale bool, v verd
 		o.watchOpened(now)
 	case r.Verb == VerbList:
 		o.listed(now)
+	}
+	if v.reason == ReasonBackingOff {
+		o.backedOff(now)
 	}
 	switch {
 	case v.admitted: // in DryRun, stale ones too: they are forwarded

@@ -8,12 +8,14 @@ import (
 
 // One identity's peaks through a timeline of requests: calendar minutes
 // and seconds start the counts over; a DryRun budget's concurrency is every
-// watch open; stale answers count as such, not as opens.
+// watch open; stale answers count as such, not as opens; a watch that
+// backoff would refuse counts as an open and as a backoff refusal.
 func TestObservedPeaksTimeline(t *testing.T) {
 	e := NewEngine(Options{Seed: 1})
 	e.SetPolicy(t0, mustPolicy(t, Budget{Name: "b", Enforcement: DryRun,
 		Limits:        Limits{WatchOpensPerMinute: 60, WatchBurst: 2, ListsPerMinute: 1, ListBurst: 1},
-		StaleVersions: StaleVersions{Memory: time.Hour}}))
+		StaleVersions: StaleVersions{Memory: time.Hour},
+		Backoff:       Backoff{Initial: 10 * time.Second, Max: time.Minute, ShortWatch: 10 * time.Second}}))
 	list := func() *Request { r := watch(); r.Verb = VerbList; return r }
 	var open []Watch
 	steps := []struct {
@@ -24,16 +26,16 @@ func TestObservedPeaksTimeline(t *testing.T) {
 		want       peaks
 		commentary string
 	}{
-		{at: 0, r: watch(), want: peaks{1, 1, 1, 0, 0}},
-		{at: 100 * time.Millisecond, r: watch(), want: peaks{2, 2, 2, 0, 0}},
-		{at: 900 * time.Millisecond, r: watch(), want: peaks{3, 3, 3, 0, 0}, commentary: "DryRun: over the burst, admitted and counted"},
-		{at: 1100 * time.Millisecond, end: true, want: peaks{3, 3, 3, 0, 0}},
-		{at: 1200 * time.Millisecond, r: watch(), want: peaks{4, 3, 3, 0, 0}, commentary: "a new second: its count starts over"},
-		{at: 2 * time.Second, r: list(), want: peaks{4, 3, 3, 1, 0}},
-		{at: 3 * time.Second, r: list(), want: peaks{4, 3, 3, 2, 0}},
-		{at: 4 * time.Second, stale: "50", want: peaks{4, 3, 3, 2, 0}},
-		{at: 5 * time.Second, r: watchFrom("40"), want: peaks{4, 3, 4, 2, 1}, commentary: "would be answered stale: a stale loop's turn, not an open; in DryRun forwarded, so open"},
-		{at: 61 * time.Second, r: watch(), want: peaks{4, 3, 5, 2, 1}, commentary: "a new minute: 1 open in it; 5 watches open"},
+		{at: 0, r: watch(), want: peaks{1, 1, 1, 0, 0, 0}},
+		{at: 100 * time.Millisecond, r: watch(), want: peaks{2, 2, 2, 0, 0, 0}},
+		{at: 900 * time.Millisecond, r: watch(), want: peaks{3, 3, 3, 0, 0, 0}, commentary: "DryRun: over the burst, admitted and counted"},
+		{at: 1100 * time.Millisecond, end: true, want: peaks{3, 3, 3, 0, 0, 0}},
+		{at: 1200 * time.Millisecond, r: watch(), want: peaks{4, 3, 3, 0, 0, 1}, commentary: "a new second: its count starts over; the watch that ended after 1 s failed, so backoff would refuse it"},
+		{at: 2 * time.Second, r: list(), want: peaks{4, 3, 3, 1, 0, 1}},
+		{at: 3 * time.Second, r: list(), want: peaks{4, 3, 3, 2, 0, 1}},
+		{at: 4 * time.Second, stale: "50", want: peaks{4, 3, 3, 2, 0, 1}},
+		{at: 5 * time.Second, r: watchFrom("40"), want: peaks{4, 3, 4, 2, 1, 1}, commentary: "would be answered stale: a stale loop's turn, not an open; in DryRun forwarded, so open"},
+		{at: 61 * time.Second, r: watch(), want: peaks{4, 3, 5, 2, 1, 1}, commentary: "a new minute: 1 open in it; 5 watches open"},
 	}
 	for i, st := range steps {
 		now := t0.Add(st.at)
@@ -54,7 +56,7 @@ func TestObservedPeaksTimeline(t *testing.T) {
 			t.Fatalf("step %d: %d identities since %s, want 1 since t0", i, obs.Identities, obs.Since)
 		}
 		got := peaks{obs.WatchOpensPerMinute.Quantile(100), obs.WatchBurst.Quantile(100), obs.ConcurrentWatches.Quantile(100),
-			obs.ListsPerMinute.Quantile(100), obs.StaleAnswersPerMinute.Quantile(100)}
+			obs.ListsPerMinute.Quantile(100), obs.StaleAnswersPerMinute.Quantile(100), obs.BackoffRefusalsPerMinute.Quantile(100)}
 		if got != st.want {
 			t.Errorf("step %d at %s (%s): peaks %+v, want %+v", i, st.at, st.commentary, got, st.want)
 		}

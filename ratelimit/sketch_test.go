@@ -150,8 +150,8 @@ func TestObservationSize(t *testing.T) {
 	if PeakSketchBytes != 960 {
 		t.Errorf("a PeakSketch is %d bytes; its doc says 960", PeakSketchBytes)
 	}
-	if observationBytes != 56 {
-		t.Errorf("an observation is %d bytes; ObservedPeaks's doc says 56", observationBytes)
+	if observationBytes != 64 {
+		t.Errorf("an observation is %d bytes; ObservedPeaks's doc says 64", observationBytes)
 	}
-	t.Logf("per identity: %d B; per budget: %d B", observationBytes, 5*PeakSketchBytes)
+	t.Logf("per identity: %d B; per budget: %d B", observationBytes, 6*PeakSketchBytes)
 }

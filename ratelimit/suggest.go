@@ -35,6 +35,11 @@ type Suggested struct {
 	// locally at least once: a budget whose StaleVersions.Action is
 	// StaleReject refuses them whatever its limits.
 	StaleLoops int64
+	// BackingOff is how many observed identities had a watch refused (or,
+	// in DryRun, that would have been) for backoff at least once: their
+	// watches kept failing, and backoff holds them back whatever the
+	// limits.
+	BackingOff int64
 	// Identities is how many identities the suggestion rests on.
 	Identities int64
 }
@@ -60,10 +65,12 @@ type Suggested struct {
 // MaxConcurrentWatches, lists in a minute above ListsPerMinute + ListBurst
 // — for each limit that is set. It is the most any one limit refuses,
 // since sketches do not tell which identities are the same: a lower bound.
-// StaleLoops counts the identities answered stale, which no limit changes.
-// Refusals for backoff are not observed: a client whose watches keep
-// failing is held back whatever the limits, so neither the suggestion nor
-// WouldRefuse accounts for them.
+// StaleLoops counts the identities answered stale and BackingOff those
+// held back by backoff: no limit changes either, so the suggested limits
+// refuse them too. WouldRefuse counts the identities held back by backoff
+// as well (the caller adds stale loops when the budget rejects them). The
+// suggested limits would have admitted the peaks of s.Share percent of
+// the identities but for those.
 func Suggest(op *ObservedPeaks, current Limits, s Suggestion) Suggested {
 	share, headroom := s.Share, s.HeadroomPercent
 	if share <= 0 {
@@ -86,6 +93,7 @@ func Suggest(op *ObservedPeaks, current Limits, s Suggestion) Suggested {
 		MaxConcurrentWatches: scale(&op.ConcurrentWatches),
 		Identities:           op.Identities,
 		StaleLoops:           op.StaleAnswersPerMinute.Above(0),
+		BackingOff:           op.BackoffRefusalsPerMinute.Above(0),
 	}
 	if out.WatchBurst > 0 {
 		out.WatchBurst = max(out.WatchBurst, current.InitialStateCost)
@@ -108,5 +116,6 @@ func Suggest(op *ObservedPeaks, current Limits, s Suggestion) Suggested {
 	if l.ListsPerMinute > 0 {
 		refuse(&op.ListsPerMinute, int64(l.ListsPerMinute)+int64(l.ListBurst))
 	}
+	out.WouldRefuse = max(out.WouldRefuse, out.BackingOff)
 	return out
 }

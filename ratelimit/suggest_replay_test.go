@@ -3,16 +3,19 @@ package ratelimit
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
 
 // replayEvent is one step of recorded traffic: an identity opens a watch
-// that it holds for hold, if admitted.
+// that it holds for hold, if admitted, and that then ends with outcome
+// (OutcomeClosed when unset).
 type replayEvent struct {
-	at   time.Time
-	user string
-	hold time.Duration
+	at      time.Time
+	user    string
+	hold    time.Duration
+	outcome Outcome
 }
 
 // recordedTraffic is three minutes of 40 identities: every 10 s each opens
@@ -38,29 +41,51 @@ func recordedTraffic() []replayEvent {
 	return evs
 }
 
+// dyingTraffic is three minutes of 4 more identities whose watches die:
+// each opens one every second, which ends with an error after 100 ms.
+func dyingTraffic() []replayEvent {
+	var evs []replayEvent
+	for i := range 4 {
+		user := fmt.Sprint("dying-", i)
+		for at := time.Duration(i) * 10 * ms; at < 3*time.Minute; at += s {
+			evs = append(evs, replayEvent{at: t0.Add(at), user: user, hold: 100 * ms, outcome: OutcomeError})
+		}
+	}
+	return evs
+}
+
 // replay runs evs through e (budget b governs every identity) and returns
-// the identities refused at least once. Watches end in time order, before
-// opens at the same instant.
-func replay(e *Engine, evs []replayEvent) map[string]int {
+// the identities refused at least once, with their refusals by reason.
+// Watches end in time order, before opens at the same instant.
+func replay(e *Engine, evs []replayEvent) map[string]map[Reason]int {
 	type open struct {
 		end time.Time
+		ev  replayEvent
 		w   Watch
 	}
 	var opens []open
-	refused := map[string]int{}
+	refused := map[string]map[Reason]int{}
 	for _, ev := range evs {
 		slices.SortFunc(opens, func(a, b open) int { return a.end.Compare(b.end) })
 		for len(opens) > 0 && !opens[0].end.After(ev.at) {
-			e.WatchEnded(opens[0].end, opens[0].w, ev.hold, OutcomeClosed)
+			o := opens[0]
+			outcome := o.ev.outcome
+			if outcome == 0 {
+				outcome = OutcomeClosed
+			}
+			e.WatchEnded(o.end, o.w, o.ev.hold, outcome)
 			opens = opens[1:]
 		}
 		r := &Request{User: ev.user, Verb: VerbWatch, Resource: "pods", Namespace: "default", ResourceVersion: "100"}
 		d := e.Decide(ev.at, r)
 		if d.Reason != ReasonNone {
-			refused[ev.user]++
+			if refused[ev.user] == nil {
+				refused[ev.user] = map[Reason]int{}
+			}
+			refused[ev.user][d.Reason]++
 		}
 		if d.Watch.Valid() {
-			opens = append(opens, open{end: ev.at.Add(ev.hold), w: d.Watch})
+			opens = append(opens, open{end: ev.at.Add(ev.hold), ev: ev, w: d.Watch})
 		}
 	}
 	return refused
@@ -99,7 +124,7 @@ func TestSuggestedLimitsRefuseAtMostTheShareLeftOut(t *testing.T) {
 			t.Fatalf("refused identity %q is not one of the replay's: %v", user, err)
 		}
 		if i < 36 {
-			t.Errorf("%s, within the share, was refused %d times", user, refused[user])
+			t.Errorf("%s, within the share, was refused: %v", user, refused[user])
 		}
 	}
 	// Observed again under the suggested limits, the suggestion counts
@@ -128,5 +153,59 @@ func TestSuggestCountsStaleLoops(t *testing.T) {
 	st := e.Stats()["b"]
 	if got := Suggest(&st.Observed, b.Limits, Suggestion{}); got.StaleLoops != 3 || got.Identities != 4 {
 		t.Errorf("StaleLoops %d of %d identities, want 3 of 4", got.StaleLoops, got.Identities)
+	}
+}
+
+// The suggestion keeps its promise when watches die: backoff refuses
+// whatever the limits, so Suggest counts the identities it held back
+// (BackingOff, in WouldRefuse and RefusedAnyway), and the suggested limits
+// refuse no one but the 10% the share leaves out and those.
+func TestSuggestedLimitsCountBackoff(t *testing.T) {
+	evs := append(recordedTraffic(), dyingTraffic()...)
+	slices.SortStableFunc(evs, func(a, b replayEvent) int { return a.at.Compare(b.at) })
+	backoff := Backoff{Initial: s, Max: time.Minute, ShortWatch: 10 * s, ResetAfter: 2 * time.Minute}
+	observed := Budget{Name: "b", Enforcement: DryRun, Backoff: backoff,
+		Limits: Limits{WatchOpensPerMinute: 600, WatchBurst: 600, InitialStateCost: 1}}
+	e := newTestEngine(t, Options{}, observed)
+	dry := replay(e, evs)
+	for i := range 4 {
+		if user := fmt.Sprint("dying-", i); dry[user][ReasonBackingOff] == 0 {
+			t.Fatalf("DryRun: %s would not have been held back: %v", user, dry[user])
+		}
+	}
+	st := e.Stats()["b"]
+	s := Suggest(&st.Observed, observed.Limits, Suggestion{Share: 90, HeadroomPercent: 150})
+	if s.BackingOff != 4 || s.Identities != 44 {
+		t.Errorf("Suggest: BackingOff %d of %d identities, want 4 of 44", s.BackingOff, s.Identities)
+	}
+	if s.WouldRefuse < 4 {
+		t.Errorf("Suggest: WouldRefuse %d, want at least the 4 identities backoff held back", s.WouldRefuse)
+	}
+
+	suggested := Budget{Name: "b", Backoff: backoff, Limits: Limits{
+		WatchOpensPerMinute: s.WatchOpensPerMinute, WatchBurst: s.WatchBurst,
+		MaxConcurrentWatches: s.MaxConcurrentWatches, InitialStateCost: 1,
+	}}
+	enforced := newTestEngine(t, Options{}, suggested)
+	refused := replay(enforced, evs)
+	t.Logf("suggested %d/min b%d w%d (backing off %d); refused %v", s.WatchOpensPerMinute, s.WatchBurst, s.MaxConcurrentWatches, s.BackingOff, refused)
+	if int64(len(refused)) > 4+s.BackingOff {
+		t.Errorf("the suggested limits refused %d identities, want at most the 4 (10%%) the share leaves out and the %d backoff holds back", len(refused), s.BackingOff)
+	}
+	for user, reasons := range refused {
+		if strings.HasPrefix(user, "dying-") {
+			if len(reasons) != 1 || reasons[ReasonBackingOff] == 0 {
+				t.Errorf("%s was refused for more than its backoff: %v", user, reasons)
+			}
+			continue
+		}
+		var i int
+		if _, err := fmt.Sscanf(user, "replay-%d", &i); err != nil || i < 36 {
+			t.Errorf("%s, within the share, was refused: %v", user, reasons)
+		}
+	}
+	again := enforced.Stats()["b"]
+	if got := Suggest(&again.Observed, suggested.Limits, Suggestion{Share: 90, HeadroomPercent: 150}); got.BackingOff != 4 || got.WouldRefuse < 4 {
+		t.Errorf("under the suggested limits: BackingOff %d, WouldRefuse %d, want 4 and at least 4", got.BackingOff, got.WouldRefuse)
 	}
 }

@@ -224,21 +224,30 @@ type SuggestedLimits struct {
 	// +optional
 	ListsPerMinute int32 `json:"listsPerMinute,omitempty"`
 
-	// wouldRefuse is how many of the observed identities the current
-	// limits refused, or in DryRun would have: those whose peak certainly
-	// exceeds what a limit admits (opens in a minute above
+	// wouldRefuse is how many of the observed identities the budget
+	// refused, or in DryRun would have: those whose peak certainly
+	// exceeds what a current limit admits (opens in a minute above
 	// watchOpensPerMinute + watchBurst, in a second above watchBurst +
 	// watchOpensPerMinute/60, watches at once above maxConcurrentWatches,
-	// lists in a minute above listsPerMinute + listBurst), and, while
+	// lists in a minute above listsPerMinute + listBurst), those held back
+	// by backoff (a watch refused as BackingOff), and, while
 	// staleVersions.action is Reject, those answered "too old" locally
-	// (stale loops, refused whatever the limits). It is the most that any
-	// one of these refuses: a lower bound. Refusals for backoff are not
-	// counted, nor would any limit change them: a client whose watches
-	// keep failing is held back whatever the limits (see decisions'
-	// BackingOff).
+	// (stale loops). It is the most that any one of these refuses: a
+	// lower bound.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	WouldRefuse int64 `json:"wouldRefuse"`
+
+	// refusedAnyway is how many of the observed identities were refused,
+	// or in DryRun would have been, for what no limit changes: those held
+	// back by backoff (their watches kept failing) plus, while
+	// staleVersions.action is Reject, those answered "too old" locally
+	// (an identity refused for both counts twice). The suggested limits
+	// refuse them too; the others they would have admitted but for the
+	// share of identities spec.suggestion.share leaves out.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	RefusedAnyway int64 `json:"refusedAnyway"`
 
 	// identities is how many identities the suggestion rests on, summed
 	// over the replicas: an identity served by two replicas counts twice,
@@ -311,6 +320,14 @@ type ObservedPeaks struct {
 	// +listType=atomic
 	// +optional
 	StaleAnswersPerMinute []PeakBucket `json:"staleAnswersPerMinute,omitempty"`
+
+	// backoffRefusalsPerMinute: identities by their most watches refused
+	// (or, in DryRun, that would have been) for backoff in a calendar
+	// minute. At most 120 buckets.
+	// +kubebuilder:validation:MaxItems=120
+	// +listType=atomic
+	// +optional
+	BackoffRefusalsPerMinute []PeakBucket `json:"backoffRefusalsPerMinute,omitempty"`
 }
 
 // PeakBucket is one bucket of a sketch: how many identities had a peak

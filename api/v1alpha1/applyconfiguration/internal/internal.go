@@ -88,6 +88,12 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.watchgate.watchgate.api.v1alpha1.ObservedPeaks
   map:
     fields:
+    - name: backoffRefusalsPerMinute
+      type:
+        list:
+          elementType:
+            namedType: com.github.watchgate.watchgate.api.v1alpha1.PeakBucket
+          elementRelationship: atomic
     - name: concurrentWatches
       type:
         list:
@@ -259,6 +265,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
     - name: maxConcurrentWatches
+      type:
+        scalar: numeric
+    - name: refusedAnyway
       type:
         scalar: numeric
     - name: since

@@ -34,6 +34,10 @@ type ObservedPeaksApplyConfiguration struct {
 	// staleAnswersPerMinute: identities by their most watches answered
 	// "too old" in a calendar minute: stale loops. At most 120 buckets.
 	StaleAnswersPerMinute []PeakBucketApplyConfiguration `json:"staleAnswersPerMinute,omitempty"`
+	// backoffRefusalsPerMinute: identities by their most watches refused
+	// (or, in DryRun, that would have been) for backoff in a calendar
+	// minute. At most 120 buckets.
+	BackoffRefusalsPerMinute []PeakBucketApplyConfiguration `json:"backoffRefusalsPerMinute,omitempty"`
 }
 
 // ObservedPeaksApplyConfiguration constructs a declarative configuration of the ObservedPeaks type for use with
@@ -119,6 +123,19 @@ func (b *ObservedPeaksApplyConfiguration) WithStaleAnswersPerMinute(values ...*P
 			panic("nil value passed to WithStaleAnswersPerMinute")
 		}
 		b.StaleAnswersPerMinute = append(b.StaleAnswersPerMinute, *values[i])
+	}
+	return b
+}
+
+// WithBackoffRefusalsPerMinute adds the given value to the BackoffRefusalsPerMinute field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the BackoffRefusalsPerMinute field.
+func (b *ObservedPeaksApplyConfiguration) WithBackoffRefusalsPerMinute(values ...*PeakBucketApplyConfiguration) *ObservedPeaksApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithBackoffRefusalsPerMinute")
+		}
+		b.BackoffRefusalsPerMinute = append(b.BackoffRefusalsPerMinute, *values[i])
 	}
 	return b
 }

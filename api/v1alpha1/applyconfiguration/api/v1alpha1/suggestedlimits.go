@@ -37,19 +37,25 @@ type SuggestedLimitsApplyConfiguration struct {
 	// minute of share percent of the identities that listed; only when
 	// spec.limits.listsPerMinute is set. Between 0 and 100000.
 	ListsPerMinute *int32 `json:"listsPerMinute,omitempty"`
-	// wouldRefuse is how many of the observed identities the current
-	// limits refused, or in DryRun would have: those whose peak certainly
-	// exceeds what a limit admits (opens in a minute above
+	// wouldRefuse is how many of the observed identities the budget
+	// refused, or in DryRun would have: those whose peak certainly
+	// exceeds what a current limit admits (opens in a minute above
 	// watchOpensPerMinute + watchBurst, in a second above watchBurst +
 	// watchOpensPerMinute/60, watches at once above maxConcurrentWatches,
-	// lists in a minute above listsPerMinute + listBurst), and, while
+	// lists in a minute above listsPerMinute + listBurst), those held back
+	// by backoff (a watch refused as BackingOff), and, while
 	// staleVersions.action is Reject, those answered "too old" locally
-	// (stale loops, refused whatever the limits). It is the most that any
-	// one of these refuses: a lower bound. Refusals for backoff are not
-	// counted, nor would any limit change them: a client whose watches
-	// keep failing is held back whatever the limits (see decisions'
-	// BackingOff).
+	// (stale loops). It is the most that any one of these refuses: a
+	// lower bound.
 	WouldRefuse *int64 `json:"wouldRefuse,omitempty"`
+	// refusedAnyway is how many of the observed identities were refused,
+	// or in DryRun would have been, for what no limit changes: those held
+	// back by backoff (their watches kept failing) plus, while
+	// staleVersions.action is Reject, those answered "too old" locally
+	// (an identity refused for both counts twice). The suggested limits
+	// refuse them too; the others they would have admitted but for the
+	// share of identities spec.suggestion.share leaves out.
+	RefusedAnyway *int64 `json:"refusedAnyway,omitempty"`
 	// identities is how many identities the suggestion rests on, summed
 	// over the replicas: an identity served by two replicas counts twice,
 	// each time with the peaks of its requests through that replica, and
@@ -119,6 +125,14 @@ func (b *SuggestedLimitsApplyConfiguration) WithListsPerMinute(value int32) *Sug
 // If called multiple times, the WouldRefuse field is set to the value of the last call.
 func (b *SuggestedLimitsApplyConfiguration) WithWouldRefuse(value int64) *SuggestedLimitsApplyConfiguration {
 	b.WouldRefuse = &value
+	return b
+}
+
+// WithRefusedAnyway sets the RefusedAnyway field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the RefusedAnyway field is set to the value of the last call.
+func (b *SuggestedLimitsApplyConfiguration) WithRefusedAnyway(value int64) *SuggestedLimitsApplyConfiguration {
+	b.RefusedAnyway = &value
 	return b
 }
 
