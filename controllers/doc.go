@@ -11,7 +11,9 @@
 //     status sums shown by `kubectl get wb` (activeWatches,
 //     recentRejections), and the suggested limits (status.suggested, the
 //     SUGGESTED column of `-o wide`), from the replicas' entries: it adds
-//     up their sketches and asks ratelimit.Suggest (suggest.go).
+//     up their sketches and those of replicas that are gone
+//     (status.observedByGoneReplicas) and asks ratelimit.Suggest
+//     (suggest.go).
 //   - ReplicaStatusWriter (every replica): every 15 s, writes this replica's
 //     live figures (active watches, tracked identities, decisions by reason,
 //     top offenders, the sketch of its identities' observed peaks) into its
@@ -20,7 +22,10 @@
 //     every 5 minutes, so a busy but steady budget costs no steady writes — with
 //     server-side apply (typed apply configurations) and a field manager of
 //     its own, so replicas never clobber each other. ReplicaPruner (leader only) removes
-//     the entries of pods that are gone.
+//     the entries of pods that are gone. A replica that stops removes its
+//     own; either way the entry's sketch is added to
+//     status.observedByGoneReplicas in the same JSON patch, so the
+//     suggestion outlives the pods (suggest_gone.go).
 //   - BootstrapReconciler (leader only, with --bootstrap-budgets): keeps an
 //     install's default budgets in place as kube-apiserver keeps API
 //     Priority and Fairness's bootstrap configuration: mandatory ones
@@ -44,6 +49,9 @@
 //	status.conditions[Ready], activeWatches, recentRejections,
 //	limits, suggested                                         field manager "watchgate-controller" (leader)
 //	status.replicas[pod=P]                                    field manager "watchgate-replica-P" (replica P)
+//	removing status.replicas[pod=P], adding to
+//	status.observedByGoneReplicas                             replica P as it stops, or the pruner (JSON patch
+//	                                                          testing what it read)
 //	Lease watchgate-demand-P                                  replica P (update)
 //	Lease watchgate-shares                                    the leader (update)
 //

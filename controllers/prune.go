@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -43,7 +41,8 @@ const DefaultPruneInterval = time.Minute
 // cannot remove it; the pruner sends a JSON patch that tests the entry's pod
 // name at its index before removing it, so that a concurrent change of the
 // list makes the patch fail (and the next round retry) rather than remove
-// the wrong entry.
+// the wrong entry. The same patch keeps the entry's sketch of observed
+// peaks in status.observedByGoneReplicas (suggest_gone.go).
 type ReplicaPruner struct {
 	// Client patches status.
 	Client client.Client
@@ -108,33 +107,21 @@ func (p *ReplicaPruner) Prune(ctx context.Context) error {
 	var errs []error
 	for i := range list.Items {
 		wb := &list.Items[i]
-		var ops []jsonPatchOp
-		// From the end, so that earlier indexes stay right.
-		for j := len(wb.Status.Replicas) - 1; j >= 0; j-- {
-			pod, ns := wb.Status.Replicas[j].Pod, wb.Status.Replicas[j].Namespace
-			if live[pod] || (ns != "" && ns != p.Namespace) {
-				continue
-			}
-			path := fmt.Sprintf("/status/replicas/%d", j)
-			ops = append(ops, jsonPatchOp{Op: "test", Path: path + "/pod", Value: pod}, jsonPatchOp{Op: "remove", Path: path})
-		}
+		ops := retireOps(wb, func(e *v1alpha1.ReplicaStatus) bool {
+			return !live[e.Pod] && (e.Namespace == "" || e.Namespace == p.Namespace)
+		}, nil)
 		if len(ops) == 0 {
 			continue
 		}
-		raw, err := json.Marshal(ops)
-		if err != nil {
-			return err
-		}
-		err = p.Client.Status().Patch(ctx, wb, client.RawPatch(types.JSONPatchType, raw), client.FieldOwner(fieldOwnerController))
+		err := patchOps(ctx, p.Client, wb, ops, fieldOwnerController)
 		switch {
-		case apierrors.IsNotFound(err):
-		case apierrors.IsInvalid(err), apierrors.IsConflict(err):
-			// The list changed under us (the cache lagged); next round.
+		case apierrors.IsConflict(err):
+			// The status changed under us (the cache lagged); next round.
 			logf.FromContext(ctx).V(1).Info("Status changed while pruning, will retry", "watchBudget", wb.Name, "reason", err.Error())
 		case err != nil:
 			errs = append(errs, fmt.Errorf("prune status entries of WatchBudget %s: %w", wb.Name, err))
 		default:
-			logf.FromContext(ctx).V(1).Info("Pruned status entries of gone replicas", "watchBudget", wb.Name, "entries", len(ops)/2)
+			logf.FromContext(ctx).V(1).Info("Pruned status entries of gone replicas", "watchBudget", wb.Name)
 		}
 	}
 	return errors.Join(errs...)

@@ -69,7 +69,7 @@ func (r *ReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	limits := shownLimits(&wb.Spec)
 	var suggested *v1alpha1.SuggestedLimits
 	if invalid == nil {
-		suggested = suggestedLimits(&budget, wb.Status.Replicas)
+		suggested = suggestedLimits(&budget, &wb.Status)
 	}
 
 	old := meta.FindStatusCondition(wb.Status.Conditions, v1alpha1.ConditionReady)

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,6 +14,7 @@ import (
 	"github.com/watchgate/watchgate/api/v1alpha1"
 	wbac "github.com/watchgate/watchgate/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/watchgate/watchgate/internal/periodic"
+	"github.com/watchgate/watchgate/ratelimit"
 )
 
 // DefaultStatusInterval is how often a replica considers writing its status
@@ -43,12 +45,18 @@ const DefaultCounterRefreshInterval = 5 * time.Minute
 // concurrent writers never conflict and never remove each other's entries.
 // A budget that leaves the policy (deleted, or now invalid) loses this
 // replica's entry; on shutdown the replica removes all its entries, since
-// its figures stop being live.
+// its figures stop being live. Either way the entry's sketch of observed
+// peaks is kept in status.observedByGoneReplicas (suggest_gone.go): on
+// shutdown the engine's, newer than the entry's.
 type ReplicaStatusWriter struct {
 	// Client writes the status.
 	Client client.Client
 	// Reader reads WatchBudgets, normally the manager's cache.
 	Reader client.Reader
+	// APIReader reads a budget again when removing an entry raced with
+	// another change of its status; normally the manager's API reader
+	// (the cache may have stopped by then). Nil: Reader.
+	APIReader client.Reader
 	// Engine supplies the figures.
 	Engine Engine
 	// Policy tells which generation of each budget the engine enforces.
@@ -124,7 +132,7 @@ func (w *ReplicaStatusWriter) Write(ctx context.Context) error {
 		if !inStats || !inPolicy {
 			delete(w.history, wb.Name)
 			if current != nil {
-				errs = append(errs, w.apply(ctx, wb.Name, nil))
+				errs = append(errs, w.retire(ctx, wb, nil))
 			}
 			continue
 		}
@@ -155,19 +163,64 @@ func (w *ReplicaStatusWriter) counterRefresh() time.Duration {
 	return w.CounterRefreshInterval
 }
 
-// Remove deletes this replica's entry from every budget that has one.
+// Remove deletes this replica's entry from every budget that has one,
+// keeping the engine's sketch of each in status.observedByGoneReplicas.
 func (w *ReplicaStatusWriter) Remove(ctx context.Context) error {
 	var list v1alpha1.WatchBudgetList
 	if err := w.Reader.List(ctx, &list); err != nil {
 		return err
 	}
+	stats := w.Engine.Stats()
 	var errs []error
 	for i := range list.Items {
-		if findReplica(&list.Items[i].Status, w.Pod) != nil {
-			errs = append(errs, w.apply(ctx, list.Items[i].Name, nil))
+		wb := &list.Items[i]
+		if findReplica(&wb.Status, w.Pod) == nil {
+			continue
 		}
+		var fresh *ratelimit.ObservedPeaks
+		if st, ok := stats[wb.Name]; ok && !st.Observed.Since.IsZero() {
+			fresh = &st.Observed
+		}
+		errs = append(errs, w.retire(ctx, wb, fresh))
 	}
 	return errors.Join(errs...)
+}
+
+// retireAttempts bounds how often retire builds its patch again.
+const retireAttempts = 5
+
+// retire removes this replica's entry from wb (as read), adding its sketch
+// — fresh when given, else the entry's — to status.observedByGoneReplicas.
+// When the status changed meanwhile it reads the budget again and retries.
+func (w *ReplicaStatusWriter) retire(ctx context.Context, wb *v1alpha1.WatchBudget, fresh *ratelimit.ObservedPeaks) error {
+	reader := w.APIReader
+	if reader == nil {
+		reader = w.Reader
+	}
+	mine := func(e *v1alpha1.ReplicaStatus) bool { return e.Pod == w.Pod }
+	name := wb.Name
+	var err error
+	for range retireAttempts {
+		ops := retireOps(wb, mine, map[string]*ratelimit.ObservedPeaks{w.Pod: fresh})
+		if len(ops) == 0 {
+			return nil
+		}
+		err = patchOps(ctx, w.Client, wb, ops, replicaFieldOwner(w.Pod))
+		if !apierrors.IsConflict(err) {
+			break
+		}
+		wb = &v1alpha1.WatchBudget{}
+		if gerr := reader.Get(ctx, client.ObjectKey{Name: name}, wb); gerr != nil {
+			return client.IgnoreNotFound(gerr)
+		}
+	}
+	if err != nil {
+		statusWritesTotal.WithLabelValues("error").Inc()
+		return fmt.Errorf("remove the status entry of %s from WatchBudget %s: %w", w.Pod, name, err)
+	}
+	statusWritesTotal.WithLabelValues("success").Inc()
+	logf.FromContext(ctx).V(2).Info("Removed status entry", "watchBudget", name)
+	return nil
 }
 
 // apply writes entry as this replica's only entry of the budget; a nil

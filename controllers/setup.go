@@ -103,7 +103,7 @@ func SetupWithManager(mgr ctrl.Manager, engine Engine, opts Options) (*Controlle
 		Ready:  &ReadyReconciler{Client: mgr.GetClient(), Clock: opts.Clock},
 	}
 	c.Writer = &ReplicaStatusWriter{
-		Client: mgr.GetClient(), Reader: mgr.GetCache(), Engine: engine, Policy: c.Policy,
+		Client: mgr.GetClient(), Reader: mgr.GetCache(), APIReader: mgr.GetAPIReader(), Engine: engine, Policy: c.Policy,
 		Pod: opts.PodName, Namespace: opts.Namespace, Interval: opts.StatusInterval, CounterRefreshInterval: opts.CounterRefreshInterval, Clock: opts.Clock,
 	}
 	c.Pruner = &ReplicaPruner{

@@ -14,8 +14,9 @@ import (
 
 // Suggested limits travel in two steps. Each replica publishes the sketch
 // of its identities' peaks in its own status entry (observedEntry, written
-// by ReplicaStatusWriter); the leader adds up the entries' sketches
-// (mergeObserved) and writes status.suggested (suggestedLimits, written by
+// by ReplicaStatusWriter); the leader adds up the entries' sketches and
+// those of the replicas that are gone (mergeObserved, see suggest_gone.go)
+// and writes status.suggested (suggestedLimits, written by
 // ReadyReconciler). A sketch is a few counts per bucket and names no
 // identity, so status holds no user names but the top offenders'.
 
@@ -90,44 +91,55 @@ func observedApply(o *v1alpha1.ObservedPeaks) *wbac.ObservedPeaksApplyConfigurat
 	return a
 }
 
-// mergeObserved adds up the sketches of the replicas' entries, and reports
-// whether any entry had one.
-func mergeObserved(replicas []v1alpha1.ReplicaStatus) (ratelimit.ObservedPeaks, bool) {
-	var op ratelimit.ObservedPeaks
-	found := false
+// peaksOf is the sketch an entry's observed holds.
+func peaksOf(o *v1alpha1.ObservedPeaks) ratelimit.ObservedPeaks {
 	add := func(s *ratelimit.PeakSketch, bs []v1alpha1.PeakBucket) {
 		for _, b := range bs {
 			s.AddBucket(b.Le, b.Count)
 		}
 	}
-	for i := range replicas {
-		o := replicas[i].Observed
+	var op ratelimit.ObservedPeaks
+	op.Since = o.Since.Time
+	op.Identities = max(o.Identities, 0)
+	add(&op.WatchOpensPerMinute, o.WatchOpensPerMinute)
+	add(&op.WatchBurst, o.WatchBurst)
+	add(&op.ConcurrentWatches, o.ConcurrentWatches)
+	add(&op.ListsPerMinute, o.ListsPerMinute)
+	add(&op.StaleAnswersPerMinute, o.StaleAnswersPerMinute)
+	add(&op.BackoffRefusalsPerMinute, o.BackoffRefusalsPerMinute)
+	return op
+}
+
+// mergeObserved adds up the sketches of the replicas' entries and of the
+// replicas that are gone (st.ObservedByGoneReplicas), and reports whether
+// there was any.
+func mergeObserved(st *v1alpha1.WatchBudgetStatus) (ratelimit.ObservedPeaks, bool) {
+	var op ratelimit.ObservedPeaks
+	found := false
+	if o := st.ObservedByGoneReplicas; o != nil {
+		found = true
+		op = peaksOf(o)
+	}
+	for i := range st.Replicas {
+		o := st.Replicas[i].Observed
 		if o == nil {
 			continue
 		}
 		found = true
-		var one ratelimit.ObservedPeaks
-		one.Since = o.Since.Time
-		one.Identities = max(o.Identities, 0)
-		add(&one.WatchOpensPerMinute, o.WatchOpensPerMinute)
-		add(&one.WatchBurst, o.WatchBurst)
-		add(&one.ConcurrentWatches, o.ConcurrentWatches)
-		add(&one.ListsPerMinute, o.ListsPerMinute)
-		add(&one.StaleAnswersPerMinute, o.StaleAnswersPerMinute)
-		add(&one.BackoffRefusalsPerMinute, o.BackoffRefusalsPerMinute)
+		one := peaksOf(o)
 		op.Merge(&one)
 	}
 	return op, found
 }
 
-// suggestedLimits is status.suggested for a budget compiled as b, from its
-// replicas' entries: nil when the budget is Exempt or no replica observed
-// an identity yet.
-func suggestedLimits(b *ratelimit.Budget, replicas []v1alpha1.ReplicaStatus) *v1alpha1.SuggestedLimits {
+// suggestedLimits is status.suggested for a budget compiled as b, from the
+// sketches in its status st: nil when the budget is Exempt or no replica
+// observed an identity yet.
+func suggestedLimits(b *ratelimit.Budget, st *v1alpha1.WatchBudgetStatus) *v1alpha1.SuggestedLimits {
 	if b.Enforcement == ratelimit.Exempt {
 		return nil
 	}
-	op, ok := mergeObserved(replicas)
+	op, ok := mergeObserved(st)
 	if !ok || op.Identities == 0 {
 		return nil
 	}

@@ -24,7 +24,10 @@ import (
 // and the leader's suggestion in status.suggested: the quiet identities'
 // peaks times the headroom, the 2 loud ones left out by a 90% share and
 // counted as refused by the current limits (20/min, burst 5: 25 opens in a
-// minute at most). `kubectl get wb -o wide` shows it, `kubectl describe`
+// minute at most). Their watches end within a millisecond — failures, to
+// the budget's default backoff — and the loud ones reopen within the
+// delay, so backoff holds them back whatever the limits (refusedAnyway).
+// `kubectl get wb -o wide` shows it, `kubectl describe`
 // details it, and the entries name no identity. Raising the share to 95%
 // takes in a loud identity.
 func TestSuggestedLimitsFromObservedTraffic(t *testing.T) {
@@ -77,7 +80,7 @@ func TestSuggestedLimitsFromObservedTraffic(t *testing.T) {
 		drive(b.engine, fmt.Sprintf("suggest-loud-%d", u), 60, 500*time.Millisecond)
 	}
 
-	want := v1alpha1.SuggestedLimits{Summary: "8/min b2 w2", WatchOpensPerMinute: 8, WatchBurst: 2, MaxConcurrentWatches: 2, WouldRefuse: 2, Identities: 22}
+	want := v1alpha1.SuggestedLimits{Summary: "8/min b2 w2", WatchOpensPerMinute: 8, WatchBurst: 2, MaxConcurrentWatches: 2, WouldRefuse: 2, RefusedAnyway: 2, Identities: 22}
 	eventually(t, 10*time.Second, "the suggestion from both replicas", suggestionIs(name, want))
 
 	wb := getBudget(t, name)
@@ -114,7 +117,7 @@ func TestSuggestedLimitsFromObservedTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("kubectl describe wb %s:\n%s", name, described)
-	for _, line := range []string{"Suggested:", "Watch Opens Per Minute: 8", "Would Refuse: 2", "Identities: 22"} {
+	for _, line := range []string{"Suggested:", "Watch Opens Per Minute: 8", "Would Refuse: 2", "Refused Anyway: 2", "Identities: 22"} {
 		if !strings.Contains(collapse(described), line) {
 			t.Errorf("kubectl describe lacks %q:\n%s", line, described)
 		}
@@ -131,7 +134,7 @@ func TestSuggestedLimitsFromObservedTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = v1alpha1.SuggestedLimits{Summary: "95/min b3 w2", WatchOpensPerMinute: 95, WatchBurst: 3, MaxConcurrentWatches: 2, WouldRefuse: 2, Identities: 22}
+	want = v1alpha1.SuggestedLimits{Summary: "95/min b3 w2", WatchOpensPerMinute: 95, WatchBurst: 3, MaxConcurrentWatches: 2, WouldRefuse: 2, RefusedAnyway: 2, Identities: 22}
 	eventually(t, 10*time.Second, "the suggestion for a 95% share", suggestionIs(name, want))
 }
 

@@ -43,7 +43,7 @@ func TestObservedEntriesMerge(t *testing.T) {
 	if ea.ListsPerMinute[0] != (v1alpha1.PeakBucket{Le: 0, Count: 3}) {
 		t.Errorf("a's list buckets %v, want 3 identities at 0", ea.ListsPerMinute)
 	}
-	merged, ok := mergeObserved([]v1alpha1.ReplicaStatus{{Pod: "a", Observed: ea}, {Pod: "c"}, {Pod: "b", Observed: eb}})
+	merged, ok := mergeObserved(&v1alpha1.WatchBudgetStatus{Replicas: []v1alpha1.ReplicaStatus{{Pod: "a", Observed: ea}, {Pod: "c"}, {Pod: "b", Observed: eb}}})
 	if !ok {
 		t.Fatal("no sketch found")
 	}
@@ -51,7 +51,7 @@ func TestObservedEntriesMerge(t *testing.T) {
 	if merged != whole {
 		t.Errorf("merged sketch differs from the sketch of all five identities:\n%+v\n%+v", merged, whole)
 	}
-	if _, ok := mergeObserved([]v1alpha1.ReplicaStatus{{Pod: "c"}}); ok {
+	if _, ok := mergeObserved(&v1alpha1.WatchBudgetStatus{Replicas: []v1alpha1.ReplicaStatus{{Pod: "c"}}}); ok {
 		t.Error("entries without sketches merged into one")
 	}
 	if observedEntry(&ratelimit.ObservedPeaks{}) != nil {
@@ -67,7 +67,7 @@ func TestSuggestedLimits(t *testing.T) {
 	b := ratelimit.Budget{Name: "b", Enforcement: ratelimit.DryRun,
 		Limits:     ratelimit.Limits{WatchOpensPerMinute: 20, WatchBurst: 5, InitialStateCost: 1, ListsPerMinute: 10, ListBurst: 10},
 		Suggestion: ratelimit.Suggestion{Share: 90, HeadroomPercent: 200}}
-	got := suggestedLimits(&b, replicas)
+	got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: replicas})
 	since := metav1.NewTime(t0)
 	want := &v1alpha1.SuggestedLimits{Summary: "10/min b2 w2 l-/min", WatchOpensPerMinute: 10, WatchBurst: 2, MaxConcurrentWatches: 2,
 		WouldRefuse: 1, Identities: 10, Since: &since}
@@ -75,11 +75,11 @@ func TestSuggestedLimits(t *testing.T) {
 		t.Errorf("suggested %+v, want %+v", got, want)
 	}
 	b.Enforcement = ratelimit.Exempt
-	if got := suggestedLimits(&b, replicas); got != nil {
+	if got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: replicas}); got != nil {
 		t.Errorf("an Exempt budget got a suggestion: %+v", got)
 	}
 	b.Enforcement = ratelimit.Enforce
-	if got := suggestedLimits(&b, []v1alpha1.ReplicaStatus{{Pod: "a"}}); got != nil {
+	if got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: []v1alpha1.ReplicaStatus{{Pod: "a"}}}); got != nil {
 		t.Errorf("a suggestion from no sketch: %+v", got)
 	}
 }
@@ -124,11 +124,11 @@ func TestSuggestedLimitsCountStaleLoops(t *testing.T) {
 	}
 	replicas := []v1alpha1.ReplicaStatus{{Pod: "a", Observed: observedEntry(&op)}}
 	b := ratelimit.Budget{Name: "b", Enforcement: ratelimit.DryRun, Limits: ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1}}
-	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 3 {
+	if got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: replicas}); got == nil || got.WouldRefuse != 3 {
 		t.Errorf("stale loops rejected: %+v, want wouldRefuse 3", got)
 	}
 	b.StaleVersions.Action = ratelimit.StalePass
-	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 0 {
+	if got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: replicas}); got == nil || got.WouldRefuse != 0 {
 		t.Errorf("stale versions passed: %+v, want wouldRefuse 0", got)
 	}
 }
@@ -153,15 +153,15 @@ func TestSuggestedLimitsCountBackoff(t *testing.T) {
 		t.Errorf("backoff buckets %v, want %v", entry.BackoffRefusalsPerMinute, want)
 	}
 	replicas := []v1alpha1.ReplicaStatus{{Pod: "a", Observed: entry}}
-	if merged, _ := mergeObserved(replicas); merged.BackoffRefusalsPerMinute.Above(0) != 2 {
+	if merged, _ := mergeObserved(&v1alpha1.WatchBudgetStatus{Replicas: replicas}); merged.BackoffRefusalsPerMinute.Above(0) != 2 {
 		t.Errorf("merged sketch: %d identities backed off, want 2", merged.BackoffRefusalsPerMinute.Above(0))
 	}
 	b := ratelimit.Budget{Name: "b", Enforcement: ratelimit.DryRun, Limits: ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1}}
-	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 2 || got.RefusedAnyway != 3 {
+	if got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: replicas}); got == nil || got.WouldRefuse != 2 || got.RefusedAnyway != 3 {
 		t.Errorf("backoff and a stale loop: %+v, want wouldRefuse 2, refusedAnyway 3", got)
 	}
 	b.StaleVersions.Action = ratelimit.StalePass
-	if got := suggestedLimits(&b, replicas); got == nil || got.WouldRefuse != 2 || got.RefusedAnyway != 2 {
+	if got := suggestedLimits(&b, &v1alpha1.WatchBudgetStatus{Replicas: replicas}); got == nil || got.WouldRefuse != 2 || got.RefusedAnyway != 2 {
 		t.Errorf("stale versions passed: %+v, want wouldRefuse 2, refusedAnyway 2", got)
 	}
 }

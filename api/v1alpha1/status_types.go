@@ -19,7 +19,8 @@ const (
 
 // WatchBudgetStatus is written by watchgate. The conditions and the sums
 // (activeWatches, recentRejections) are written by the leader; each proxy
-// replica writes its own entry in replicas.
+// replica writes its own entry in replicas, and moves its sketch into
+// observedByGoneReplicas when it removes the entry.
 type WatchBudgetStatus struct {
 	// conditions: Ready is True when the budget is valid and enforced (reason
 	// Compiled), False when it is invalid and ignored (reason InvalidSpec,
@@ -53,10 +54,22 @@ type WatchBudgetStatus struct {
 	// of spec.suggestion.share percent of the identities the budget
 	// governed, times spec.suggestion.headroomPercent percent, and how many
 	// identities the current limits refused or would have; written by the
-	// leader from the replicas' observed peaks. Absent until a replica has
+	// leader from the replicas' observed peaks and observedByGoneReplicas. Absent until a replica has
 	// observed an identity, and for an Exempt or invalid budget.
 	// +optional
 	Suggested *SuggestedLimits `json:"suggested,omitempty"`
+
+	// observedByGoneReplicas adds up the sketches of the replicas whose
+	// entries are gone: a replica that stops adds its sketch here as it
+	// removes its entry, and the leader adds the sketch of an entry it
+	// prunes, in the same patch. So the suggestion outlives the pods: a
+	// rollout (the helm upgrade that switches a budget to Enforce, say), a
+	// drained node or a crash leaves it resting on everything observed
+	// since its since. An identity seen before and after a restart counts
+	// twice. To start the observation over, restart the replicas, then
+	// remove it (kubectl patch --subresource=status).
+	// +optional
+	ObservedByGoneReplicas *ObservedPeaks `json:"observedByGoneReplicas,omitempty"`
 
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
@@ -265,23 +278,25 @@ type SuggestedLimits struct {
 	Identities int64 `json:"identities"`
 
 	// since is when the observation began: the earliest time a replica
-	// whose entry counts started observing the budget (its start, or the
-	// budget's creation).
+	// whose sketch counts (in its entry or in observedByGoneReplicas)
+	// started observing the budget (its start, or the budget's creation).
 	// +optional
 	Since *metav1.Time `json:"since,omitempty"`
 }
 
-// ObservedPeaks sketch, for one budget on one replica, the peaks of the
-// identities it governed: for each quantity, how many identities had their
-// peak in each of fixed log-scale buckets. Buckets are the same on every
+// ObservedPeaks sketch, for one budget on one replica (or on the replicas
+// that are gone), the peaks of the identities it governed: for each
+// quantity, how many identities had their peak in each of fixed log-scale
+// buckets. Buckets are the same on every
 // replica, so the leader merges sketches by adding counts.
 type ObservedPeaks struct {
-	// since is when this replica started observing the budget.
+	// since is when this replica (the earliest of the replicas) started
+	// observing the budget.
 	// +required
 	Since metav1.Time `json:"since"`
 
-	// identities is how many identities this replica observed; each counts
-	// once in every list below (with a peak of 0 in what it never did).
+	// identities is how many identities this replica (or these replicas)
+	// observed; each counts once in every list below (with a peak of 0 in what it never did).
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Identities int64 `json:"identities"`

@@ -467,6 +467,11 @@ func (in *WatchBudgetStatus) DeepCopyInto(out *WatchBudgetStatus) {
 		*out = new(SuggestedLimits)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.ObservedByGoneReplicas != nil {
+		in, out := &in.ObservedByGoneReplicas, &out.ObservedByGoneReplicas
+		*out = new(ObservedPeaks)
+		(*in).DeepCopyInto(*out)
+	}
 	if in.Replicas != nil {
 		in, out := &in.Replicas, &out.Replicas
 		*out = make([]ReplicaStatus, len(*in))

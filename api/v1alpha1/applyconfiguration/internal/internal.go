@@ -377,6 +377,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: limits
       type:
         namedType: com.github.watchgate.watchgate.api.v1alpha1.ShownLimits
+    - name: observedByGoneReplicas
+      type:
+        namedType: com.github.watchgate.watchgate.api.v1alpha1.ObservedPeaks
     - name: recentRejections
       type:
         scalar: numeric

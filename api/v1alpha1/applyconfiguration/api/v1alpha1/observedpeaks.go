@@ -9,15 +9,17 @@ import (
 // ObservedPeaksApplyConfiguration represents a declarative configuration of the ObservedPeaks type for use
 // with apply.
 //
-// ObservedPeaks sketch, for one budget on one replica, the peaks of the
-// identities it governed: for each quantity, how many identities had their
-// peak in each of fixed log-scale buckets. Buckets are the same on every
+// ObservedPeaks sketch, for one budget on one replica (or on the replicas
+// that are gone), the peaks of the identities it governed: for each
+// quantity, how many identities had their peak in each of fixed log-scale
+// buckets. Buckets are the same on every
 // replica, so the leader merges sketches by adding counts.
 type ObservedPeaksApplyConfiguration struct {
-	// since is when this replica started observing the budget.
+	// since is when this replica (the earliest of the replicas) started
+	// observing the budget.
 	Since *v1.Time `json:"since,omitempty"`
-	// identities is how many identities this replica observed; each counts
-	// once in every list below (with a peak of 0 in what it never did).
+	// identities is how many identities this replica (or these replicas)
+	// observed; each counts once in every list below (with a peak of 0 in what it never did).
 	Identities *int64 `json:"identities,omitempty"`
 	// watchOpensPerMinute: identities by their most watch opens in a
 	// calendar minute (UTC). At most 120 buckets.

@@ -69,8 +69,8 @@ type SuggestedLimitsApplyConfiguration struct {
 	// identity's clients stay on one replica.
 	Identities *int64 `json:"identities,omitempty"`
 	// since is when the observation began: the earliest time a replica
-	// whose entry counts started observing the budget (its start, or the
-	// budget's creation).
+	// whose sketch counts (in its entry or in observedByGoneReplicas)
+	// started observing the budget (its start, or the budget's creation).
 	Since *v1.Time `json:"since,omitempty"`
 }
 

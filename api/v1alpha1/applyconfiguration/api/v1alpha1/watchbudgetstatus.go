@@ -11,7 +11,8 @@ import (
 //
 // WatchBudgetStatus is written by watchgate. The conditions and the sums
 // (activeWatches, recentRejections) are written by the leader; each proxy
-// replica writes its own entry in replicas.
+// replica writes its own entry in replicas, and moves its sketch into
+// observedByGoneReplicas when it removes the entry.
 type WatchBudgetStatusApplyConfiguration struct {
 	// conditions: Ready is True when the budget is valid and enforced (reason
 	// Compiled), False when it is invalid and ignored (reason InvalidSpec,
@@ -32,9 +33,19 @@ type WatchBudgetStatusApplyConfiguration struct {
 	// of spec.suggestion.share percent of the identities the budget
 	// governed, times spec.suggestion.headroomPercent percent, and how many
 	// identities the current limits refused or would have; written by the
-	// leader from the replicas' observed peaks. Absent until a replica has
+	// leader from the replicas' observed peaks and observedByGoneReplicas. Absent until a replica has
 	// observed an identity, and for an Exempt or invalid budget.
 	Suggested *SuggestedLimitsApplyConfiguration `json:"suggested,omitempty"`
+	// observedByGoneReplicas adds up the sketches of the replicas whose
+	// entries are gone: a replica that stops adds its sketch here as it
+	// removes its entry, and the leader adds the sketch of an entry it
+	// prunes, in the same patch. So the suggestion outlives the pods: a
+	// rollout (the helm upgrade that switches a budget to Enforce, say), a
+	// drained node or a crash leaves it resting on everything observed
+	// since its since. An identity seen before and after a restart counts
+	// twice. To start the observation over, restart the replicas, then
+	// remove it (kubectl patch --subresource=status).
+	ObservedByGoneReplicas *ObservedPeaksApplyConfiguration `json:"observedByGoneReplicas,omitempty"`
 	// replicas holds one entry per proxy replica, keyed by pod name, each
 	// written by that replica alone (server-side apply, one field manager
 	// per replica) at most every 15 seconds and only when its figures
@@ -92,6 +103,14 @@ func (b *WatchBudgetStatusApplyConfiguration) WithLimits(value *ShownLimitsApply
 // If called multiple times, the Suggested field is set to the value of the last call.
 func (b *WatchBudgetStatusApplyConfiguration) WithSuggested(value *SuggestedLimitsApplyConfiguration) *WatchBudgetStatusApplyConfiguration {
 	b.Suggested = value
+	return b
+}
+
+// WithObservedByGoneReplicas sets the ObservedByGoneReplicas field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ObservedByGoneReplicas field is set to the value of the last call.
+func (b *WatchBudgetStatusApplyConfiguration) WithObservedByGoneReplicas(value *ObservedPeaksApplyConfiguration) *WatchBudgetStatusApplyConfiguration {
+	b.ObservedByGoneReplicas = value
 	return b
 }
 
