@@ -157,3 +157,53 @@ func TestPrunedReplicasSketchIsKept(t *testing.T) {
 	crashed("sketch-crashed-1", 3)
 	eventually(t, 10*time.Second, "the second one's added", keeps(5))
 }
+
+// Replicas that stop at once (a scale-down, a node drained) all keep
+// their sketches: each patch tests what it read, and the one that lost
+// the race reads again and adds to what the other wrote.
+func TestReplicasStoppingAtOnceKeepEverySketch(t *testing.T) {
+	const name = "gone-together"
+	opts := controllers.Options{CounterRefreshInterval: 100 * time.Millisecond}
+	var replicas []*replica
+	for i := range 3 {
+		opts.PodName = fmt.Sprint("gone-together-", i)
+		replicas = append(replicas, startReplica(t, replicaOptions{Options: opts}))
+	}
+	createBudget(t, &v1alpha1.WatchBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.WatchBudgetSpec{
+			Enforcement: v1alpha1.EnforcementDryRun,
+			Subjects:    []v1alpha1.Subject{{Kind: v1alpha1.SubjectKindUser, Name: "gone-together-*"}},
+		},
+	})
+	for i, r := range replicas {
+		eventually(t, reloadDeadline, "the budget reaches the engine", func() error {
+			_, err := policyBudget(r.engine, name)
+			return err
+		})
+		// Replica i observes i+1 identities.
+		for u := range i + 1 {
+			r.engine.Decide(time.Now(), &ratelimit.Request{User: fmt.Sprintf("gone-together-%d-%d", i, u), Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "5"})
+		}
+	}
+	eventually(t, 10*time.Second, "a suggestion from the three replicas", budgetIs(name, func(wb *v1alpha1.WatchBudget) error {
+		if s := wb.Status.Suggested; s == nil || s.Identities != 6 {
+			return fmt.Errorf("suggested %+v", s)
+		}
+		return nil
+	}))
+	done := make(chan struct{})
+	for _, r := range replicas {
+		go func() { r.stop(); done <- struct{}{} }()
+	}
+	for range replicas {
+		<-done
+	}
+	wb := getBudget(t, name)
+	if len(wb.Status.Replicas) != 0 {
+		t.Errorf("entries left: %+v", wb.Status.Replicas)
+	}
+	if gone := wb.Status.ObservedByGoneReplicas; gone == nil || gone.Identities != 6 {
+		t.Errorf("observedByGoneReplicas %+v, want the 6 identities of the three", gone)
+	}
+}
