@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -181,14 +182,14 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
 	o.memoryLimit = proxy.ProcessMemoryLimit()
 	fs.IntVar(&o.proxy.MaxWatches, "max-watches", proxy.MaxWatchesFor(o.memoryLimit), "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After; 0: no cap. "+
-		"The default is derived from the memory the process runs under (GOMEMLIMIT, else its cgroup's memory limit, else physical memory): "+
-		"(GOMEMLIMIT - 64 MiB) / 26 KiB, or (limit / 2 - 64 MiB) / 26 KiB without GOMEMLIMIT, at least 100; "+
-		"about 33,000 watches per GiB of a container's memory limit with GOMEMLIMIT at 90% of it (the chart's 512Mi: 15,596).")
+		"The default is derived from the Go runtime's memory limit: (limit - 64 MiB) / 26 KiB, at least 100, "+
+		"where the limit is GOMEMLIMIT, else 90% of the cgroup's memory limit, else 90% of 512 MiB (at most a quarter of physical memory); "+
+		"watchgate sets the runtime's limit itself when GOMEMLIMIT is unset. About 33,000 watches per GiB of a container's memory limit.")
 	fs.IntVar(&o.proxy.MaxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.Float64Var(&o.proxy.WatchOpensPerIdentityPerSecond, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
 	fs.IntVar(&o.proxy.WatchOpenBurstPerIdentity, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
 	fs.IntVar(&o.proxy.MaxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
-	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never; 0: the default). Without GOMEMLIMIT memory is not checked.")
+	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of its memory limit (GOMEMLIMIT, else the one --max-watches describes) (1–100; 100: never; 0: the default).")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
 		"a missing one is created (again after a deletion); a mandatory one's spec is restored after any edit; a suggested one's is kept up to date until an operator takes it over with the annotation "+controllers.AutoUpdateAnnotation+"=false. "+
 		"A budget this install created (label "+controllers.BootstrapLabel+"=<--pod-namespace>) that is no longer listed and not taken over is deleted. The chart sets it; empty: none.")
@@ -434,6 +435,13 @@ func run(ctx context.Context, args []string) error {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
 	log := ctrl.Log.WithName("setup")
+	// The memory guard and the derived watch cap count against the Go
+	// runtime's limit: without GOMEMLIMIT, set it from the cgroup's limit
+	// or the fallback (proxy.ProcessMemoryLimit), so that a process
+	// without either is still held to a budget.
+	if o.memoryLimit.Source != proxy.MemoryLimitFromGoMemLimit {
+		debug.SetMemoryLimit(int64(o.memoryLimit.GoMemLimit))
+	}
 
 	cfg, err := o.restConfig()
 	if err != nil {
@@ -504,15 +512,15 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	log.Info("Starting watchgate", "version", version, "proxy", o.proxy.BindAddress, "upstream", cfg.Host, "pod", o.podName)
+	l := o.memoryLimit
+	log.Info("Memory limit", "source", l.Source, "limitBytes", l.Bytes, "goMemLimitBytes", l.GoMemLimit,
+		"physicalMemoryBytes", l.PhysicalBytes, "why", l.Why(), "memoryHighWaterPercent", cmp.Or(o.proxy.MemoryHighWaterPercent, proxy.DefaultMemoryHighWaterPercent))
 	capFrom := "--max-watches"
 	if !flagSet(fs, "max-watches") {
-		capFrom = o.memoryLimit.Source
-		if capFrom == "" {
-			capFrom = "unknown memory limit, the chart's default"
-		}
+		capFrom = l.Source
 	}
 	log.Info("Watch cap", "maxWatches", o.proxy.MaxWatches, "maxWatchesPerIdentity", cmp.Or(o.proxy.MaxWatchesPerIdentity, proxy.DefaultMaxWatchesPerIdentity(o.proxy.MaxWatches)),
-		"from", capFrom, "memoryLimitBytes", o.memoryLimit.Bytes)
+		"from", capFrom, "goMemLimitBytes", l.GoMemLimit)
 	return mgr.Start(ctx)
 }
 

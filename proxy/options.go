@@ -156,7 +156,8 @@ type Options struct {
 	// MaxWatches caps the watches this replica forwards at once, whatever
 	// the budgets say; beyond it a watch open gets 429 with Retry-After
 	// (watchgate_proxy_guard_rejections_total{reason="MaxWatches"}).
-	// 0: no cap (main's --max-watches defaults to DefaultMaxWatches).
+	// 0: no cap (main's --max-watches defaults to MaxWatchesFor the
+	// process's memory limit).
 	MaxWatches int
 	// MaxWatchesPerIdentity caps the watches one caller (authenticated
 	// identity, whoever it impersonates) holds through this replica at
@@ -180,7 +181,9 @@ type Options struct {
 	WatchOpenBurstPerIdentity      int
 	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
 	// while the Go runtime's memory in use is above this percentage of its
-	// memory limit (GOMEMLIMIT); without a limit memory is not checked.
+	// memory limit (GOMEMLIMIT, or debug.SetMemoryLimit: main sets one
+	// from ProcessMemoryLimit when GOMEMLIMIT is unset); without a limit
+	// memory is not checked.
 	// Open watches are never cut. 1–100, 100 disables the check; 0: the
 	// default, DefaultMemoryHighWaterPercent (85).
 	MemoryHighWaterPercent int
