@@ -184,7 +184,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.proxy.MaxWatches, "max-watches", proxy.MaxWatchesFor(o.memoryLimit), "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After; 0: no cap. "+
 		"The default is derived from the Go runtime's memory limit: (limit - 64 MiB) / 26 KiB, at least 100, "+
 		"where the limit is GOMEMLIMIT, else 90% of the cgroup's memory limit, else 90% of 512 MiB (at most a quarter of physical memory); "+
-		"watchgate sets the runtime's limit itself when GOMEMLIMIT is unset. About 33,000 watches per GiB of a container's memory limit.")
+		"watchgate sets the runtime's limit itself when GOMEMLIMIT is unset (GOMEMLIMIT=off: it sets none, and memory is not checked). About 33,000 watches per GiB of a container's memory limit.")
 	fs.IntVar(&o.proxy.MaxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.Float64Var(&o.proxy.WatchOpensPerIdentityPerSecond, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
 	fs.IntVar(&o.proxy.WatchOpenBurstPerIdentity, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
@@ -438,8 +438,8 @@ func run(ctx context.Context, args []string) error {
 	// The memory guard and the derived watch cap count against the Go
 	// runtime's limit: without GOMEMLIMIT, set it from the cgroup's limit
 	// or the fallback (proxy.ProcessMemoryLimit), so that a process
-	// without either is still held to a budget.
-	if o.memoryLimit.Source != proxy.MemoryLimitFromGoMemLimit {
+	// without either is still held to a budget. GOMEMLIMIT=off opts out.
+	if o.memoryLimit.SetsRuntimeLimit() {
 		debug.SetMemoryLimit(int64(o.memoryLimit.GoMemLimit))
 	}
 

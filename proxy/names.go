@@ -49,6 +49,7 @@ const (
 	MemoryLimitFromGoMemLimit = guard.MemoryLimitFromGoMemLimit
 	MemoryLimitFromCgroup     = guard.MemoryLimitFromCgroup
 	MemoryLimitFromFallback   = guard.MemoryLimitFromFallback
+	MemoryLimitOff            = guard.MemoryLimitOff
 	// DefaultMemoryHighWaterPercent is Options.MemoryHighWaterPercent's
 	// default.
 	DefaultMemoryHighWaterPercent = guard.DefaultMemoryHighWaterPercent

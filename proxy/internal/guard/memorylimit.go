@@ -17,6 +17,11 @@ const (
 	MemoryLimitFromGoMemLimit = "GOMEMLIMIT"
 	MemoryLimitFromCgroup     = "cgroup"
 	MemoryLimitFromFallback   = "fallback"
+	// MemoryLimitOff is GOMEMLIMIT=off, Go's spelling of "no limit": the
+	// process leaves its runtime without one, so the memory guard does not
+	// check; Bytes and GoMemLimit are what the cgroup or the fallback
+	// give, for the watch cap.
+	MemoryLimitOff = "GOMEMLIMIT=off"
 )
 
 const (
@@ -49,14 +54,15 @@ const (
 // memory guard count against.
 type MemoryLimit struct {
 	// Source is where Bytes comes from: MemoryLimitFromGoMemLimit,
-	// MemoryLimitFromCgroup or MemoryLimitFromFallback.
+	// MemoryLimitFromCgroup, MemoryLimitFromFallback or MemoryLimitOff.
 	Source string
 	// Bytes is the limit: GOMEMLIMIT, the cgroup's memory limit, or the
 	// fallback.
 	Bytes uint64
 	// GoMemLimit is the Go runtime's soft memory limit: GOMEMLIMIT as
 	// set, else goMemLimitPercent of Bytes, which the process must set
-	// (debug.SetMemoryLimit) for the memory guard to read it.
+	// (debug.SetMemoryLimit; SetsRuntimeLimit) for the memory guard to
+	// read it.
 	GoMemLimit uint64
 	// PhysicalBytes is the machine's memory (MemTotal), 0 when unread;
 	// read only without GOMEMLIMIT.
@@ -72,8 +78,17 @@ func (l MemoryLimit) Why() string {
 		return "no GOMEMLIMIT: the Go runtime's limit is set to 90% of the cgroup's memory limit"
 	case MemoryLimitFromFallback:
 		return "no GOMEMLIMIT and no cgroup memory limit: 512 MiB (at most a quarter of physical memory) is assumed and the Go runtime's limit set to 90% of it; set GOMEMLIMIT or a memory limit to change it"
+	case MemoryLimitOff:
+		return "GOMEMLIMIT=off: the Go runtime has no memory limit and the memory guard does not check; the watch cap counts 90% of the cgroup's memory limit, else of 512 MiB"
 	}
 	return "unknown"
+}
+
+// SetsRuntimeLimit reports whether the process should set the Go
+// runtime's memory limit to GoMemLimit: when it came from the cgroup or
+// the fallback, not from GOMEMLIMIT or GOMEMLIMIT=off.
+func (l MemoryLimit) SetsRuntimeLimit() bool {
+	return l.Source == MemoryLimitFromCgroup || l.Source == MemoryLimitFromFallback
 }
 
 // ProcessMemoryLimit is the memory this process runs under: GOMEMLIMIT
@@ -81,15 +96,16 @@ func (l MemoryLimit) Why() string {
 // memory.max, v1 memory.limit_in_bytes, the smallest on the way from its
 // cgroup to the root), else the fallback: 512 MiB, or a quarter of the
 // machine's physical memory when that is less. Without GOMEMLIMIT the
-// process should set the runtime's limit to GoMemLimit.
+// process should set the runtime's limit to GoMemLimit
+// (SetsRuntimeLimit); GOMEMLIMIT=off says it should not.
 func ProcessMemoryLimit() MemoryLimit {
-	return memoryLimitFrom(debug.SetMemoryLimit(-1), os.DirFS("/"))
+	return memoryLimitFrom(debug.SetMemoryLimit(-1), strings.TrimSpace(os.Getenv("GOMEMLIMIT")) == "off", os.DirFS("/"))
 }
 
 // memoryLimitFrom is ProcessMemoryLimit with GOMEMLIMIT (math.MaxInt64:
-// unset) and the file system (proc/self/cgroup, sys/fs/cgroup,
-// proc/meminfo) as parameters.
-func memoryLimitFrom(goMemLimit int64, root fs.FS) MemoryLimit {
+// unset; off: GOMEMLIMIT=off) and the file system (proc/self/cgroup,
+// sys/fs/cgroup, proc/meminfo) as parameters.
+func memoryLimitFrom(goMemLimit int64, off bool, root fs.FS) MemoryLimit {
 	if goMemLimit > 0 && goMemLimit < math.MaxInt64 {
 		return MemoryLimit{Source: MemoryLimitFromGoMemLimit, Bytes: uint64(goMemLimit), GoMemLimit: uint64(goMemLimit)}
 	}
@@ -102,6 +118,9 @@ func memoryLimitFrom(goMemLimit int64, root fs.FS) MemoryLimit {
 	}
 	// goMemLimitPercent of Bytes, rounded down, without overflow.
 	l.GoMemLimit = l.Bytes/100*goMemLimitPercent + l.Bytes%100*goMemLimitPercent/100
+	if off {
+		l.Source = MemoryLimitOff
+	}
 	return l
 }
 

@@ -21,6 +21,7 @@ func TestMemoryLimitFrom(t *testing.T) {
 	const physical = 24683664 << 10
 	for name, tc := range map[string]struct {
 		goMemLimit int64
+		off        bool
 		fs         fstest.MapFS
 		want       MemoryLimit
 	}{
@@ -84,16 +85,32 @@ func TestMemoryLimitFrom(t *testing.T) {
 				"proc/meminfo", "MemTotal: many\n"),
 			want: MemoryLimit{Source: MemoryLimitFromFallback, Bytes: 512 << 20, GoMemLimit: 483183820},
 		},
+		"GOMEMLIMIT=off: none for the runtime, the cgroup's for the cap": {
+			goMemLimit: unset, off: true,
+			fs:   files("proc/self/cgroup", "0::/\n", "sys/fs/cgroup/memory.max", "536870912\n"),
+			want: MemoryLimit{Source: MemoryLimitOff, Bytes: 512 << 20, GoMemLimit: 483183820},
+		},
 		"nothing to read: the fallback": {
 			goMemLimit: unset, fs: files(),
 			want: MemoryLimit{Source: MemoryLimitFromFallback, Bytes: 512 << 20, GoMemLimit: 483183820},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if got := memoryLimitFrom(tc.goMemLimit, tc.fs); got != tc.want {
+			if got := memoryLimitFrom(tc.goMemLimit, tc.off, tc.fs); got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// The process sets the runtime's limit only where nobody chose one.
+func TestSetsRuntimeLimit(t *testing.T) {
+	for source, want := range map[string]bool{
+		MemoryLimitFromGoMemLimit: false, MemoryLimitFromCgroup: true, MemoryLimitFromFallback: true, MemoryLimitOff: false,
+	} {
+		if got := (MemoryLimit{Source: source}).SetsRuntimeLimit(); got != want {
+			t.Errorf("from %s: SetsRuntimeLimit() = %v, want %v", source, got, want)
+		}
 	}
 }
 
@@ -111,13 +128,13 @@ func TestMaxWatchesFor(t *testing.T) {
 			MemoryLimit{Source: MemoryLimitFromGoMemLimit, Bytes: 921 << 20, GoMemLimit: 921 << 20}, 33752,
 		},
 		"a 512Mi cgroup without GOMEMLIMIT: as the chart's, within rounding": {
-			memoryLimitFrom(unset, files("proc/self/cgroup", "0::/\n", "sys/fs/cgroup/memory.max", "536870912\n")), 15627,
+			memoryLimitFrom(unset, false, files("proc/self/cgroup", "0::/\n", "sys/fs/cgroup/memory.max", "536870912\n")), 15627,
 		},
 		"a 24 GiB machine without any limit: the fallback's cap, not 472,167": {
-			memoryLimitFrom(unset, files("proc/self/cgroup", "0::/\n", "sys/fs/cgroup/memory.max", "max\n", "proc/meminfo", meminfo)), 15627,
+			memoryLimitFrom(unset, false, files("proc/self/cgroup", "0::/\n", "sys/fs/cgroup/memory.max", "max\n", "proc/meminfo", meminfo)), 15627,
 		},
 		"a 1 TiB machine without any limit: the same": {
-			memoryLimitFrom(unset, files("proc/meminfo", "MemTotal: 1073741824 kB\n")), 15627,
+			memoryLimitFrom(unset, false, files("proc/meminfo", "MemTotal: 1073741824 kB\n")), 15627,
 		},
 		"a limit under the process's own share: the minimum": {MemoryLimit{Source: MemoryLimitFromGoMemLimit, Bytes: 32 << 20, GoMemLimit: 32 << 20}, minMaxWatches},
 		"a limit just over it: the minimum":                  {MemoryLimit{Source: MemoryLimitFromGoMemLimit, Bytes: 65 << 20, GoMemLimit: 65 << 20}, minMaxWatches},
