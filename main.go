@@ -189,7 +189,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.proxy.WatchOpensPerIdentityPerSecond, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
 	fs.IntVar(&o.proxy.WatchOpenBurstPerIdentity, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
 	fs.IntVar(&o.proxy.MaxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
-	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of its memory limit (GOMEMLIMIT, else the one --max-watches describes) (1–100; 100: never; 0: the default).")
+	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of its memory limit: GOMEMLIMIT, or the one watchgate sets without it (see --max-watches). 1–100; 100: never; 0: the default.")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
 		"a missing one is created (again after a deletion); a mandatory one's spec is restored after any edit; a suggested one's is kept up to date until an operator takes it over with the annotation "+controllers.AutoUpdateAnnotation+"=false. "+
 		"A budget this install created (label "+controllers.BootstrapLabel+"=<--pod-namespace>) that is no longer listed and not taken over is deleted. The chart sets it; empty: none.")
@@ -202,24 +202,24 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 // are Validate's; main only names the flags.
 func (o *options) validate() error {
 	var errs field.ErrorList
-	flag := func(name string) *field.Path { return field.NewPath("--" + name) }
+	flagPath := func(name string) *field.Path { return field.NewPath("--" + name) }
 	switch o.mode {
 	case modeAll, modeProxy:
 	case modeInjector:
 		if o.webhookPort == 0 {
-			errs = append(errs, field.Required(flag("webhook-port"), "--mode=injector needs it"))
+			errs = append(errs, field.Required(flagPath("webhook-port"), "--mode=injector needs it"))
 		}
 	default:
-		errs = append(errs, field.NotSupported(flag("mode"), o.mode, []string{modeAll, modeProxy, modeInjector}))
+		errs = append(errs, field.NotSupported(flagPath("mode"), o.mode, []string{modeAll, modeProxy, modeInjector}))
 	}
 	if o.mode == modeProxy && o.webhookPort != 0 {
-		errs = append(errs, field.Forbidden(flag("webhook-port"), "needs --mode=all or --mode=injector"))
+		errs = append(errs, field.Forbidden(flagPath("webhook-port"), "needs --mode=all or --mode=injector"))
 	}
 	if o.replicas < 0 {
-		errs = append(errs, field.Invalid(flag("replicas"), o.replicas, "must be 0 or more"))
+		errs = append(errs, field.Invalid(flagPath("replicas"), o.replicas, "must be 0 or more"))
 	}
 	if _, _, err := net.SplitHostPort(o.probeBindAddress); err != nil {
-		errs = append(errs, field.Invalid(flag("health-probe-bind-address"), o.probeBindAddress, err.Error()))
+		errs = append(errs, field.Invalid(flagPath("health-probe-bind-address"), o.probeBindAddress, err.Error()))
 	}
 	for _, f := range []struct{ name, addr string }{
 		{"metrics-bind-address", o.metricsBindAddress},
@@ -229,34 +229,37 @@ func (o *options) validate() error {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(f.addr); err != nil {
-			errs = append(errs, field.Invalid(flag(f.name), f.addr, err.Error()))
+			errs = append(errs, field.Invalid(flagPath(f.name), f.addr, err.Error()))
 		}
 	}
 	if o.pprofBindAddress != "0" && !isLoopback(o.pprofBindAddress) {
-		errs = append(errs, field.Invalid(flag("pprof-bind-address"), o.pprofBindAddress, "must be a loopback address (profiles are served without authentication)"))
+		errs = append(errs, field.Invalid(flagPath("pprof-bind-address"), o.pprofBindAddress, "must be a loopback address (profiles are served without authentication)"))
 	}
 	if o.upstreamTimeout < time.Second || o.upstreamTimeout > 5*time.Minute {
-		errs = append(errs, field.Invalid(flag("upstream-check-timeout"), o.upstreamTimeout.String(), "must be between 1s and 5m"))
+		errs = append(errs, field.Invalid(flagPath("upstream-check-timeout"), o.upstreamTimeout.String(), "must be between 1s and 5m"))
 	}
 	if o.webhookPort < 0 || o.webhookPort > 65535 {
-		errs = append(errs, field.Invalid(flag("webhook-port"), o.webhookPort, "must be between 0 and 65535"))
+		errs = append(errs, field.Invalid(flagPath("webhook-port"), o.webhookPort, "must be between 0 and 65535"))
 	}
 	if o.webhookPort > 0 && o.proxy.CertFile == "" {
-		errs = append(errs, field.Required(flag("tls-cert-file"), "--webhook-port needs it: routed pods must trust the proxy's certificate, and a generated one names no Service"))
+		errs = append(errs, field.Required(flagPath("tls-cert-file"), "--webhook-port needs it: routed pods must trust the proxy's certificate, and a generated one names no Service"))
 	}
-	if (o.webhookCertFile == "") != (o.webhookKeyFile == "") {
-		errs = append(errs, field.Invalid(flag("webhook-cert-file"), o.webhookCertFile, "--webhook-cert-file and --webhook-key-file must be set together"))
+	switch {
+	case o.webhookCertFile != "" && o.webhookKeyFile == "":
+		errs = append(errs, field.Required(flagPath("webhook-key-file"), "with --webhook-cert-file"))
+	case o.webhookCertFile == "" && o.webhookKeyFile != "":
+		errs = append(errs, field.Required(flagPath("webhook-cert-file"), "with --webhook-key-file"))
 	}
 	if o.injectServicePort < 1 || o.injectServicePort > 65535 {
-		errs = append(errs, field.Invalid(flag("inject-service-port"), o.injectServicePort, "must be between 1 and 65535"))
+		errs = append(errs, field.Invalid(flagPath("inject-service-port"), o.injectServicePort, "must be between 1 and 65535"))
 	}
 	var err error
 	if o.bootstrap, err = controllers.ParseBootstrapBudgets(o.bootstrapBudgets); err != nil {
-		errs = append(errs, field.Invalid(flag("bootstrap-budgets"), field.OmitValueType{}, err.Error()))
+		errs = append(errs, field.Invalid(flagPath("bootstrap-budgets"), field.OmitValueType{}, err.Error()))
 	}
 	for _, e := range o.proxy.Validate() {
 		if name, ok := proxyFlags[e.Field]; ok {
-			e.Field = flag(name).String()
+			e.Field = flagPath(name).String()
 		}
 		errs = append(errs, e)
 	}

@@ -72,6 +72,10 @@ current-context: c
 			args: []string{"--memory-high-water-percent", "101"},
 			want: []string{"--memory-high-water-percent: Invalid value: 101: must be at most 100"},
 		},
+		"a webhook certificate without its key": {
+			args: []string{"--webhook-cert-file", "w.pem"},
+			want: []string{"--webhook-key-file: Required value: with --webhook-cert-file"},
+		},
 		"a negative replica count": {
 			args: []string{"--replicas", "-1"},
 			want: []string{"--replicas: Invalid value: -1: must be 0 or more"},
