@@ -41,6 +41,7 @@ import (
 	watchgatev1alpha1 "github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
 	"github.com/watchgate/watchgate/inject"
+	"github.com/watchgate/watchgate/internal/bounds"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -215,9 +216,7 @@ func (o *options) validate() error {
 	if o.mode == modeProxy && o.webhookPort != 0 {
 		errs = append(errs, field.Forbidden(flagPath("webhook-port"), "needs --mode=all or --mode=injector"))
 	}
-	if o.replicas < 0 {
-		errs = append(errs, field.Invalid(flagPath("replicas"), o.replicas, "must be 0 or more"))
-	}
+	errs = append(errs, bounds.NonNegative(flagPath("replicas"), o.replicas)...)
 	if _, _, err := net.SplitHostPort(o.probeBindAddress); err != nil {
 		errs = append(errs, field.Invalid(flagPath("health-probe-bind-address"), o.probeBindAddress, err.Error()))
 	}
@@ -235,12 +234,8 @@ func (o *options) validate() error {
 	if o.pprofBindAddress != "0" && !isLoopback(o.pprofBindAddress) {
 		errs = append(errs, field.Invalid(flagPath("pprof-bind-address"), o.pprofBindAddress, "must be a loopback address (profiles are served without authentication)"))
 	}
-	if o.upstreamTimeout < time.Second || o.upstreamTimeout > 5*time.Minute {
-		errs = append(errs, field.Invalid(flagPath("upstream-check-timeout"), o.upstreamTimeout.String(), "must be between 1s and 5m"))
-	}
-	if o.webhookPort < 0 || o.webhookPort > 65535 {
-		errs = append(errs, field.Invalid(flagPath("webhook-port"), o.webhookPort, "must be between 0 and 65535"))
-	}
+	errs = append(errs, bounds.Within(flagPath("upstream-check-timeout"), o.upstreamTimeout, time.Second, 5*time.Minute)...)
+	errs = append(errs, bounds.Within(flagPath("webhook-port"), o.webhookPort, 0, 65535)...)
 	if o.webhookPort > 0 && o.proxy.CertFile == "" {
 		errs = append(errs, field.Required(flagPath("tls-cert-file"), "--webhook-port needs it: routed pods must trust the proxy's certificate, and a generated one names no Service"))
 	}
@@ -250,9 +245,7 @@ func (o *options) validate() error {
 	case o.webhookCertFile == "" && o.webhookKeyFile != "":
 		errs = append(errs, field.Required(flagPath("webhook-cert-file"), "with --webhook-key-file"))
 	}
-	if o.injectServicePort < 1 || o.injectServicePort > 65535 {
-		errs = append(errs, field.Invalid(flagPath("inject-service-port"), o.injectServicePort, "must be between 1 and 65535"))
-	}
+	errs = append(errs, bounds.Within(flagPath("inject-service-port"), o.injectServicePort, 1, 65535)...)
 	var err error
 	if o.bootstrap, err = controllers.ParseBootstrapBudgets(o.bootstrapBudgets); err != nil {
 		errs = append(errs, field.Invalid(flagPath("bootstrap-budgets"), field.OmitValueType{}, err.Error()))

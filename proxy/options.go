@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"fmt"
-	"math"
 	"net"
 	"os"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/internal/bounds"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -225,85 +224,47 @@ func (o *Options) Validate() field.ErrorList {
 	case o.CertFile == "" && o.KeyFile != "":
 		errs = append(errs, field.Required(p("certFile"), "the key's certificate"))
 	}
-	errs = append(errs, nonNegative(p("readHeaderTimeout"), o.ReadHeaderTimeout)...)
-	errs = append(errs, nonNegative(p("maxHeaderBytes"), o.MaxHeaderBytes)...)
-	errs = append(errs, nonNegative(p("maxConcurrentStreams"), o.MaxConcurrentStreams)...)
-	errs = append(errs, nonNegative(p("tokenCacheTTL"), o.TokenCacheTTL)...)
-	errs = append(errs, nonNegative(p("tokenCacheNegativeTTL"), o.TokenCacheNegativeTTL)...)
-	errs = append(errs, nonNegative(p("tokenCacheSize"), o.TokenCacheSize)...)
-	errs = append(errs, nonNegative(p("impersonationCacheTTL"), o.ImpersonationCacheTTL)...)
-	errs = append(errs, nonNegative(p("impersonationCacheNegativeTTL"), o.ImpersonationCacheNegativeTTL)...)
-	errs = append(errs, nonNegative(p("impersonationCacheSize"), o.ImpersonationCacheSize)...)
-	errs = append(errs, nonNegative(p("reviewsPerSecond"), o.ReviewsPerSecond)...)
-	errs = append(errs, nonNegative(p("reviewBurst"), o.ReviewBurst)...)
-	errs = append(errs, nonNegative(p("maxConcurrentReviews"), o.MaxConcurrentReviews)...)
-	errs = append(errs, nonNegative(p("tokenReviewsPerClientPerSecond"), o.TokenReviewsPerClientPerSecond)...)
-	errs = append(errs, nonNegative(p("tokenReviewClientBurst"), o.TokenReviewClientBurst)...)
-	errs = append(errs, nonNegative(p("impersonationReviewsPerCallerPerSecond"), o.ImpersonationReviewsPerCallerPerSecond)...)
-	errs = append(errs, nonNegative(p("impersonationReviewCallerBurst"), o.ImpersonationReviewCallerBurst)...)
-	errs = append(errs, nonNegative(p("reviewRequestersTracked"), o.ReviewRequestersTracked)...)
-	errs = append(errs, nonNegative(p("reviewTimeout"), o.ReviewTimeout)...)
+	errs = append(errs, bounds.NonNegative(p("readHeaderTimeout"), o.ReadHeaderTimeout)...)
+	errs = append(errs, bounds.NonNegative(p("maxHeaderBytes"), o.MaxHeaderBytes)...)
+	errs = append(errs, bounds.NonNegative(p("maxConcurrentStreams"), o.MaxConcurrentStreams)...)
+	errs = append(errs, bounds.NonNegative(p("tokenCacheTTL"), o.TokenCacheTTL)...)
+	errs = append(errs, bounds.NonNegative(p("tokenCacheNegativeTTL"), o.TokenCacheNegativeTTL)...)
+	errs = append(errs, bounds.NonNegative(p("tokenCacheSize"), o.TokenCacheSize)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationCacheTTL"), o.ImpersonationCacheTTL)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationCacheNegativeTTL"), o.ImpersonationCacheNegativeTTL)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationCacheSize"), o.ImpersonationCacheSize)...)
+	errs = append(errs, bounds.NonNegative(p("reviewsPerSecond"), o.ReviewsPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("reviewBurst"), o.ReviewBurst)...)
+	errs = append(errs, bounds.NonNegative(p("maxConcurrentReviews"), o.MaxConcurrentReviews)...)
+	errs = append(errs, bounds.NonNegative(p("tokenReviewsPerClientPerSecond"), o.TokenReviewsPerClientPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("tokenReviewClientBurst"), o.TokenReviewClientBurst)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationReviewsPerCallerPerSecond"), o.ImpersonationReviewsPerCallerPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationReviewCallerBurst"), o.ImpersonationReviewCallerBurst)...)
+	errs = append(errs, bounds.NonNegative(p("reviewRequestersTracked"), o.ReviewRequestersTracked)...)
+	errs = append(errs, bounds.NonNegative(p("reviewTimeout"), o.ReviewTimeout)...)
 	switch o.ReviewFailurePolicy {
 	case "", review.FailClosed, review.FailOpen:
 	default:
 		errs = append(errs, field.NotSupported(p("reviewFailurePolicy"), o.ReviewFailurePolicy, []review.FailurePolicy{review.FailClosed, review.FailOpen}))
 	}
-	errs = append(errs, nonNegative(p("serviceAccountKeysRefreshInterval"), o.ServiceAccountKeysRefreshInterval)...)
-	errs = append(errs, nonNegative(p("maxRejectDelay"), o.MaxRejectDelay)...)
-	errs = append(errs, nonNegative(p("maxDelayedRejections"), o.MaxDelayedRejections)...)
-	errs = append(errs, nonNegative(p("shutdownDrainDelay"), o.ShutdownDrainDelay)...)
-	errs = append(errs, within(p("shutdownGracePeriod"), o.ShutdownGracePeriod, 0, MaxShutdownGracePeriod)...)
-	errs = append(errs, nonNegative(p("sweepInterval"), o.SweepInterval)...)
-	errs = append(errs, nonNegative(p("upstreamProbeInterval"), o.UpstreamProbeInterval)...)
-	errs = append(errs, nonNegative(p("maxWatches"), o.MaxWatches)...)
+	errs = append(errs, bounds.NonNegative(p("serviceAccountKeysRefreshInterval"), o.ServiceAccountKeysRefreshInterval)...)
+	errs = append(errs, bounds.NonNegative(p("maxRejectDelay"), o.MaxRejectDelay)...)
+	errs = append(errs, bounds.NonNegative(p("maxDelayedRejections"), o.MaxDelayedRejections)...)
+	errs = append(errs, bounds.NonNegative(p("shutdownDrainDelay"), o.ShutdownDrainDelay)...)
+	errs = append(errs, bounds.Within(p("shutdownGracePeriod"), o.ShutdownGracePeriod, 0, MaxShutdownGracePeriod)...)
+	errs = append(errs, bounds.NonNegative(p("sweepInterval"), o.SweepInterval)...)
+	errs = append(errs, bounds.NonNegative(p("upstreamProbeInterval"), o.UpstreamProbeInterval)...)
+	errs = append(errs, bounds.NonNegative(p("maxWatches"), o.MaxWatches)...)
 	if o.MaxWatches > 0 {
-		errs = append(errs, within(p("maxWatchesPerIdentity"), o.MaxWatchesPerIdentity, 0, o.MaxWatches)...)
+		errs = append(errs, bounds.Within(p("maxWatchesPerIdentity"), o.MaxWatchesPerIdentity, 0, o.MaxWatches)...)
 	} else {
-		errs = append(errs, nonNegative(p("maxWatchesPerIdentity"), o.MaxWatchesPerIdentity)...)
+		errs = append(errs, bounds.NonNegative(p("maxWatchesPerIdentity"), o.MaxWatchesPerIdentity)...)
 	}
-	errs = append(errs, nonNegative(p("watchOpensPerIdentityPerSecond"), o.WatchOpensPerIdentityPerSecond)...)
-	errs = append(errs, nonNegative(p("watchOpenBurstPerIdentity"), o.WatchOpenBurstPerIdentity)...)
-	errs = append(errs, within(p("memoryHighWaterPercent"), o.MemoryHighWaterPercent, 0, 100)...)
-	errs = append(errs, nonNegative(p("maxConnections"), o.MaxConnections)...)
+	errs = append(errs, bounds.NonNegative(p("watchOpensPerIdentityPerSecond"), o.WatchOpensPerIdentityPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("watchOpenBurstPerIdentity"), o.WatchOpenBurstPerIdentity)...)
+	errs = append(errs, bounds.Within(p("memoryHighWaterPercent"), o.MemoryHighWaterPercent, 0, 100)...)
+	errs = append(errs, bounds.NonNegative(p("maxConnections"), o.MaxConnections)...)
 	return errs
-}
-
-// number is what the bound checks take: counts, durations and rates.
-type number interface {
-	~int | ~int64 | ~float64
-}
-
-// nonNegative reports v when it is below zero or, for a rate, not a
-// finite number.
-func nonNegative[T number](path *field.Path, v T) field.ErrorList {
-	if f := float64(v); !(f >= 0) || math.IsInf(f, 0) {
-		detail := "must be 0 or more"
-		if _, rate := any(v).(float64); rate {
-			detail = "must be a number, 0 or more"
-		}
-		return field.ErrorList{field.Invalid(path, badValue(v), detail)}
-	}
-	return nil
-}
-
-// within reports v when it is not in [least, most].
-func within[T number](path *field.Path, v, least, most T) field.ErrorList {
-	switch {
-	case v < least:
-		return field.ErrorList{field.Invalid(path, badValue(v), fmt.Sprintf("must be at least %v", badValue(least)))}
-	case v > most:
-		return field.ErrorList{field.Invalid(path, badValue(v), fmt.Sprintf("must be at most %v", badValue(most)))}
-	}
-	return nil
-}
-
-// badValue is v as an error shows it: a duration as "1m30s", not in
-// nanoseconds.
-func badValue[T number](v T) any {
-	if d, ok := any(v).(time.Duration); ok {
-		return d.String()
-	}
-	return v
 }
 
 // complete returns a copy of o with every default filled in.
