@@ -33,10 +33,10 @@ const (
 	// 470,000 watches on 24 GiB and millions on a large node, so that the
 	// cap per caller and the fair share bound nothing and the process
 	// grows until the kernel or the kubelet kills it. 512 MiB is the
-	// memory watchgate is sized and load-tested at (15,596 watches),
-	// enough for a replica of an ordinary cluster; an operator who wants
-	// more sets GOMEMLIMIT or a memory limit, which the start-up log
-	// tells.
+	// memory watchgate is sized and load-tested at (a cap of 15,627
+	// watches), enough for a replica of an ordinary cluster; an operator
+	// who wants more sets GOMEMLIMIT or a memory limit, which the
+	// start-up log tells.
 	fallbackMemoryBytes = 512 << 20
 	// fallbackPhysicalDivisor bounds the fallback on a small machine: at
 	// most a quarter of its memory.
