@@ -15,16 +15,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -41,6 +41,7 @@ import (
 	watchgatev1alpha1 "github.com/watchgate/watchgate/api/v1alpha1"
 	"github.com/watchgate/watchgate/controllers"
 	"github.com/watchgate/watchgate/inject"
+	"github.com/watchgate/watchgate/internal/bounds"
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/ratelimit"
 )
@@ -75,9 +76,6 @@ var version = "dev"
 type options struct {
 	mode               string
 	kubeconfig         string
-	proxyBindAddress   string
-	tlsCertFile        string
-	tlsPrivateKeyFile  string
 	metricsBindAddress string
 	metricsSecure      bool
 	probeBindAddress   string
@@ -87,33 +85,15 @@ type options struct {
 	podName            string
 	podNamespace       string
 	upstreamTimeout    time.Duration
-	shutdownGrace      time.Duration
-	maxWatches         int
-	// memoryLimit is what the default of maxWatches is derived from.
+	// proxy holds the proxy's flags (proxyFlags names them); run adds
+	// what is not a flag (Upstream, Engine, Logger, ReplicaName).
+	proxy proxy.Options
+	// memoryLimit is what the default of --max-watches is derived from.
 	memoryLimit proxy.MemoryLimit
-	// maxWatchesPerIdentity 0: a quarter of maxWatches (proxy.Options).
-	maxWatchesPerIdentity int
-	// watchOpensPerIdentity, watchOpenBurst: the per-caller ceiling on
-	// watch opens forwarded upstream (proxy.Options); 0 disables it.
-	watchOpensPerIdentity float64
-	watchOpenBurst        int
-	memoryHighWater       int
-	maxConnections        int
 	// bootstrapBudgets is --bootstrap-budgets as given; bootstrap is it
 	// parsed (by validate).
 	bootstrapBudgets string
 	bootstrap        []controllers.BootstrapBudget
-
-	// Security knobs of the proxy (docs/operators.md, "Security model").
-	maxHeaderBytes              int
-	reviewFailurePolicy         string
-	reviewTimeout               time.Duration
-	tokenReviewsPerClient       float64
-	tokenReviewClientBurst      int
-	impersonationReviewsPerCall float64
-	impersonationReviewBurst    int
-	localServiceAccountTokens   bool
-	serviceAccountAudiences     string
 
 	// Injection (package inject): on when webhookPort > 0.
 	webhookPort       int
@@ -132,12 +112,39 @@ type options struct {
 	zap zap.Options
 }
 
+// proxyFlags names the flag of each proxy.Options field main sets from
+// the command line, by the field's path in proxy.Options.Validate's
+// errors, so that an out-of-bounds value is reported under its flag's
+// name. Validate holds the bounds; a flag of the proxy is its
+// fs.XVar(&o.proxy.Field, …) line in addFlags and its row here.
+var proxyFlags = map[string]string{
+	"bindAddress":                            "proxy-bind-address",
+	"certFile":                               "tls-cert-file",
+	"keyFile":                                "tls-private-key-file",
+	"maxHeaderBytes":                         "max-header-bytes",
+	"reviewFailurePolicy":                    "review-failure-policy",
+	"reviewTimeout":                          "review-timeout",
+	"tokenReviewsPerClientPerSecond":         "token-reviews-per-client-per-second",
+	"tokenReviewClientBurst":                 "token-review-client-burst",
+	"impersonationReviewsPerCallerPerSecond": "impersonation-reviews-per-caller-per-second",
+	"impersonationReviewCallerBurst":         "impersonation-review-caller-burst",
+	"localServiceAccountTokens":              "local-service-account-tokens",
+	"serviceAccountAudiences":                "service-account-audiences",
+	"shutdownGracePeriod":                    "shutdown-grace-period",
+	"maxWatches":                             "max-watches",
+	"maxWatchesPerIdentity":                  "max-watches-per-identity",
+	"watchOpensPerIdentityPerSecond":         "watch-opens-per-identity-per-second",
+	"watchOpenBurstPerIdentity":              "watch-open-burst-per-identity",
+	"maxConnections":                         "max-connections",
+	"memoryHighWaterPercent":                 "memory-high-water-percent",
+}
+
 func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.mode, "mode", modeAll, "What this process runs: all (the proxy, the budget controllers and, with --webhook-port, pod injection), proxy (no injection), or injector (the injection webhook and CA publisher only, as a Deployment of their own).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig for the upstream API server and watchgate's own client. Empty: in-cluster configuration.")
-	fs.StringVar(&o.proxyBindAddress, "proxy-bind-address", ":8443", "Address the HTTPS proxy listens on.")
-	fs.StringVar(&o.tlsCertFile, "tls-cert-file", "", "Serving certificate of the proxy (PEM), reloaded when it changes. With --tls-private-key-file; a self-signed pair is generated when both are empty.")
-	fs.StringVar(&o.tlsPrivateKeyFile, "tls-private-key-file", "", "Private key of --tls-cert-file (PEM).")
+	fs.StringVar(&o.proxy.BindAddress, "proxy-bind-address", ":8443", "Address the HTTPS proxy listens on.")
+	fs.StringVar(&o.proxy.CertFile, "tls-cert-file", "", "Serving certificate of the proxy (PEM), reloaded when it changes. With --tls-private-key-file; a self-signed pair is generated when both are empty.")
+	fs.StringVar(&o.proxy.KeyFile, "tls-private-key-file", "", "Private key of --tls-cert-file (PEM).")
 	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", ":8080", "Address /metrics is served on; \"0\" disables it.")
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve /metrics over HTTPS to callers the API server authenticates (TokenReview) and authorizes for the non-resource URL /metrics, verb get (SubjectAccessReview). False: plain HTTP to anyone, for local runs. The probes are always plain HTTP.")
 	fs.StringVar(&o.probeBindAddress, "health-probe-bind-address", ":8081", "Address /healthz and /readyz are served on.")
@@ -149,20 +156,24 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "Name of this replica, the key of its entry in WatchBudget status and the replica the top endpoint names. Default $POD_NAME, else the host name.")
 	fs.StringVar(&o.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of this replica. Default $POD_NAMESPACE.")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-check-timeout", 15*time.Second, "How long to wait for the API server at start-up before giving up (1s–5m).")
-	fs.IntVar(&o.maxHeaderBytes, "max-header-bytes", proxy.DefaultMaxHeaderBytes, "Largest request header block the proxy reads, in bytes (larger: 431). "+
+	fs.IntVar(&o.proxy.MaxHeaderBytes, "max-header-bytes", proxy.DefaultMaxHeaderBytes, "Largest request header block the proxy reads, in bytes (larger: 431). "+
 		"Default 64 KiB: a service-account token is ~1 KiB, an OIDC token a few KiB, an agent impersonating a user in 200 groups ~15 KiB; "+
-		"Go's and kube-apiserver's 1 MiB would let each slow connection pin 1 MiB (1,000 of them: over the chart's 512 Mi limit).")
-	fs.StringVar(&o.reviewFailurePolicy, "review-failure-policy", string(proxy.FailClosed), "What a request gets when its TokenReview or impersonation SubjectAccessReview fails or times out: "+
+		"Go's and kube-apiserver's 1 MiB would let each slow connection pin 1 MiB (1,000 of them: over the chart's 512 Mi limit). 0: the default.")
+	fs.StringVar((*string)(&o.proxy.ReviewFailurePolicy), "review-failure-policy", string(proxy.FailClosed), "What a request gets when its TokenReview or impersonation SubjectAccessReview fails or times out: "+
 		"Closed (503 with Retry-After) or Open (forwarded; the API server still authenticates it; charged to a user of the token's own in the group system:watchgate:unreviewed, or to the caller for a failed impersonation check).")
-	fs.DurationVar(&o.reviewTimeout, "review-timeout", 10*time.Second, "Longest wait for one TokenReview or SubjectAccessReview.")
-	fs.Float64Var(&o.tokenReviewsPerClient, "token-reviews-per-client-per-second", 5, "TokenReviews per second each client network (IPv4 /24, IPv6 /64) may cause (its own bucket, before the shared --reviews limit).")
-	fs.IntVar(&o.tokenReviewClientBurst, "token-review-client-burst", 20, "Burst of --token-reviews-per-client-per-second.")
-	fs.Float64Var(&o.impersonationReviewsPerCall, "impersonation-reviews-per-caller-per-second", 20, "Impersonation SubjectAccessReviews per second each caller may cause; callers allowed an impersonation in the last 10 minutes use only this bucket.")
-	fs.IntVar(&o.impersonationReviewBurst, "impersonation-review-caller-burst", 200, "Burst of --impersonation-reviews-per-caller-per-second.")
-	fs.BoolVar(&o.localServiceAccountTokens, "local-service-account-tokens", true, "Verify the API server's service-account JWTs locally against its published keys (/openid/v1/jwks) instead of with a TokenReview. "+
+	fs.DurationVar(&o.proxy.ReviewTimeout, "review-timeout", 10*time.Second, "Longest wait for one TokenReview or SubjectAccessReview. 0: the default.")
+	fs.Float64Var(&o.proxy.TokenReviewsPerClientPerSecond, "token-reviews-per-client-per-second", 5, "TokenReviews per second each client network (IPv4 /24, IPv6 /64) may cause (its own bucket, before the shared --reviews limit). 0: the default.")
+	fs.IntVar(&o.proxy.TokenReviewClientBurst, "token-review-client-burst", 20, "Burst of --token-reviews-per-client-per-second. 0: the default.")
+	fs.Float64Var(&o.proxy.ImpersonationReviewsPerCallerPerSecond, "impersonation-reviews-per-caller-per-second", 20, "Impersonation SubjectAccessReviews per second each caller may cause; callers allowed an impersonation in the last 10 minutes use only this bucket. 0: the default.")
+	fs.IntVar(&o.proxy.ImpersonationReviewCallerBurst, "impersonation-review-caller-burst", 200, "Burst of --impersonation-reviews-per-caller-per-second. 0: the default.")
+	o.proxy.LocalServiceAccountTokens = new(bool)
+	fs.BoolVar(o.proxy.LocalServiceAccountTokens, "local-service-account-tokens", true, "Verify the API server's service-account JWTs locally against its published keys (/openid/v1/jwks) instead of with a TokenReview. "+
 		"Only whose budget a request spends depends on it: the API server authenticates every forwarded request itself.")
-	fs.StringVar(&o.serviceAccountAudiences, "service-account-audiences", "", "Comma-separated audiences a locally verified service-account token must name one of. Empty: the issuer (kube-apiserver's default --api-audiences). Other tokens are reviewed.")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", proxy.DefaultShutdownGracePeriod, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once (0–10m).")
+	fs.Func("service-account-audiences", "Comma-separated audiences a locally verified service-account token must name one of. Empty: the issuer (kube-apiserver's default --api-audiences). Other tokens are reviewed.", func(v string) error {
+		o.proxy.ServiceAccountAudiences = splitList(v)
+		return nil
+	})
+	fs.DurationVar(&o.proxy.ShutdownGracePeriod, "shutdown-grace-period", proxy.DefaultShutdownGracePeriod, "On shutdown, open watches are closed spread over this period so their clients do not reconnect all at once; at most 10m; 0: the default.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 0, "Port the pod injection webhook (HTTPS) listens on; 0 (default) disables injection and the CA publisher. Needs --tls-cert-file.")
 	fs.StringVar(&o.webhookCertFile, "webhook-cert-file", "", "Serving certificate of the webhook (PEM), reloaded when it changes. Default --tls-cert-file.")
 	fs.StringVar(&o.webhookKeyFile, "webhook-key-file", "", "Private key of --webhook-cert-file, in the same folder. Default --tls-private-key-file.")
@@ -171,107 +182,81 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "The cluster's DNS domain, which completes the default --inject-service-host to a fully qualified name.")
 	fs.IntVar(&o.injectServicePort, "inject-service-port", 443, "KUBERNETES_SERVICE_PORT given to routed pods: the proxy Service's port (1-65535).")
 	o.memoryLimit = proxy.ProcessMemoryLimit()
-	fs.IntVar(&o.maxWatches, "max-watches", proxy.MaxWatchesFor(o.memoryLimit), "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After; 0: no cap. "+
-		"The default is derived from the memory the process runs under (GOMEMLIMIT, else its cgroup's memory limit, else physical memory): "+
-		"(GOMEMLIMIT - 64 MiB) / 26 KiB, or (limit / 2 - 64 MiB) / 26 KiB without GOMEMLIMIT, at least 100; "+
-		"about 33,000 watches per GiB of a container's memory limit with GOMEMLIMIT at 90% of it (the chart's 512Mi: 15,596).")
-	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
-	fs.Float64Var(&o.watchOpensPerIdentity, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
-	fs.IntVar(&o.watchOpenBurst, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
-	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
-	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
+	fs.IntVar(&o.proxy.MaxWatches, "max-watches", proxy.MaxWatchesFor(o.memoryLimit), "Watches this replica forwards at once, whatever the budgets say; beyond it new watches get 429 with Retry-After; 0: no cap. "+
+		"The default is derived from the Go runtime's memory limit: (limit - 64 MiB) / 26 KiB, at least 100, "+
+		"where the limit is GOMEMLIMIT, else 90% of the cgroup's memory limit, else 90% of 512 MiB (at most a quarter of physical memory); "+
+		"watchgate sets the runtime's limit itself when GOMEMLIMIT is unset (GOMEMLIMIT=off: it sets none, and memory is not checked). About 33,000 watches per GiB of a container's memory limit.")
+	fs.IntVar(&o.proxy.MaxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
+	fs.Float64Var(&o.proxy.WatchOpensPerIdentityPerSecond, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
+	fs.IntVar(&o.proxy.WatchOpenBurstPerIdentity, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
+	fs.IntVar(&o.proxy.MaxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
+	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of its memory limit: GOMEMLIMIT, or the one watchgate sets without it (see --max-watches). 1–100; 100: never; 0: the default.")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
 		"a missing one is created (again after a deletion); a mandatory one's spec is restored after any edit; a suggested one's is kept up to date until an operator takes it over with the annotation "+controllers.AutoUpdateAnnotation+"=false. "+
 		"A budget this install created (label "+controllers.BootstrapLabel+"=<--pod-namespace>) that is no longer listed and not taken over is deleted. The chart sets it; empty: none.")
 	o.zap.BindFlags(fs)
 }
 
-// validate reports every bad flag at once, in a fixed order (never a map's):
-// the same flags give the same message.
+// validate reports every bad flag at once, in a fixed order (never a
+// map's): main's own flags, then the proxy's in the order of
+// proxy.Options.Validate, each as "--flag: problem". The proxy's bounds
+// are Validate's; main only names the flags.
 func (o *options) validate() error {
-	var errs []error
+	var errs field.ErrorList
+	flagPath := func(name string) *field.Path { return field.NewPath("--" + name) }
 	switch o.mode {
 	case modeAll, modeProxy:
 	case modeInjector:
 		if o.webhookPort == 0 {
-			errs = append(errs, errors.New("--mode=injector needs --webhook-port"))
+			errs = append(errs, field.Required(flagPath("webhook-port"), "--mode=injector needs it"))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("--mode %q: must be all, proxy or injector", o.mode))
+		errs = append(errs, field.NotSupported(flagPath("mode"), o.mode, []string{modeAll, modeProxy, modeInjector}))
 	}
 	if o.mode == modeProxy && o.webhookPort != 0 {
-		errs = append(errs, errors.New("--webhook-port needs --mode=all or --mode=injector"))
+		errs = append(errs, field.Forbidden(flagPath("webhook-port"), "needs --mode=all or --mode=injector"))
 	}
-	if (o.tlsCertFile == "") != (o.tlsPrivateKeyFile == "") {
-		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file must be set together"))
-	}
-	if o.replicas < 0 {
-		errs = append(errs, fmt.Errorf("--replicas %d: must be at least 0", o.replicas))
-	}
-	// In flag order, so that the message is the same on every run.
-	for _, f := range []struct{ name, addr string }{
-		{"--proxy-bind-address", o.proxyBindAddress},
-		{"--health-probe-bind-address", o.probeBindAddress},
-	} {
-		if _, _, err := net.SplitHostPort(f.addr); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: %w", f.name, f.addr, err))
-		}
+	errs = append(errs, bounds.NonNegative(flagPath("replicas"), o.replicas)...)
+	if _, _, err := net.SplitHostPort(o.probeBindAddress); err != nil {
+		errs = append(errs, field.Invalid(flagPath("health-probe-bind-address"), o.probeBindAddress, err.Error()))
 	}
 	for _, f := range []struct{ name, addr string }{
-		{"--metrics-bind-address", o.metricsBindAddress},
-		{"--pprof-bind-address", o.pprofBindAddress},
+		{"metrics-bind-address", o.metricsBindAddress},
+		{"pprof-bind-address", o.pprofBindAddress},
 	} {
 		if f.addr == "0" {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(f.addr); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: %w", f.name, f.addr, err))
+			errs = append(errs, field.Invalid(flagPath(f.name), f.addr, err.Error()))
 		}
 	}
 	if o.pprofBindAddress != "0" && !isLoopback(o.pprofBindAddress) {
-		errs = append(errs, fmt.Errorf("--pprof-bind-address %q: must be a loopback address (profiles are served without authentication)", o.pprofBindAddress))
+		errs = append(errs, field.Invalid(flagPath("pprof-bind-address"), o.pprofBindAddress, "must be a loopback address (profiles are served without authentication)"))
 	}
-	if o.upstreamTimeout < time.Second || o.upstreamTimeout > 5*time.Minute {
-		errs = append(errs, fmt.Errorf("--upstream-check-timeout %s: must be between 1s and 5m", o.upstreamTimeout))
+	errs = append(errs, bounds.Within(flagPath("upstream-check-timeout"), o.upstreamTimeout, time.Second, 5*time.Minute)...)
+	errs = append(errs, bounds.Within(flagPath("webhook-port"), o.webhookPort, 0, 65535)...)
+	if o.webhookPort > 0 && o.proxy.CertFile == "" {
+		errs = append(errs, field.Required(flagPath("tls-cert-file"), "--webhook-port needs it: routed pods must trust the proxy's certificate, and a generated one names no Service"))
 	}
-	if o.shutdownGrace < 0 || o.shutdownGrace > 10*time.Minute {
-		errs = append(errs, fmt.Errorf("--shutdown-grace-period %s: must be between 0 and 10m", o.shutdownGrace))
+	switch {
+	case o.webhookCertFile != "" && o.webhookKeyFile == "":
+		errs = append(errs, field.Required(flagPath("webhook-key-file"), "with --webhook-cert-file"))
+	case o.webhookCertFile == "" && o.webhookKeyFile != "":
+		errs = append(errs, field.Required(flagPath("webhook-cert-file"), "with --webhook-key-file"))
 	}
-	if o.webhookPort < 0 || o.webhookPort > 65535 {
-		errs = append(errs, fmt.Errorf("--webhook-port %d: must be between 0 and 65535", o.webhookPort))
-	}
-	if o.webhookPort > 0 && o.tlsCertFile == "" {
-		errs = append(errs, errors.New("--webhook-port needs --tls-cert-file: routed pods must trust the proxy's certificate, and a generated one names no Service"))
-	}
-	if (o.webhookCertFile == "") != (o.webhookKeyFile == "") {
-		errs = append(errs, errors.New("--webhook-cert-file and --webhook-key-file must be set together"))
-	}
-	if o.injectServicePort < 1 || o.injectServicePort > 65535 {
-		errs = append(errs, fmt.Errorf("--inject-service-port %d: must be between 1 and 65535", o.injectServicePort))
-	}
-	if o.maxConnections < 0 {
-		errs = append(errs, fmt.Errorf("--max-connections %d: must not be negative", o.maxConnections))
-	}
-	if o.maxWatches < 0 {
-		errs = append(errs, fmt.Errorf("--max-watches %d: must not be negative", o.maxWatches))
-	}
-	if o.maxWatchesPerIdentity < 0 || (o.maxWatches > 0 && o.maxWatchesPerIdentity > o.maxWatches) {
-		errs = append(errs, fmt.Errorf("--max-watches-per-identity %d: must be between 0 and --max-watches (%d)", o.maxWatchesPerIdentity, o.maxWatches))
-	}
-	if !(o.watchOpensPerIdentity >= 0) || math.IsInf(o.watchOpensPerIdentity, 0) {
-		errs = append(errs, fmt.Errorf("--watch-opens-per-identity-per-second %v: must be a number, 0 or more", o.watchOpensPerIdentity))
-	}
-	if o.watchOpenBurst < 0 {
-		errs = append(errs, fmt.Errorf("--watch-open-burst-per-identity %d: must not be negative", o.watchOpenBurst))
-	}
-	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
-		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
-	}
+	errs = append(errs, bounds.Within(flagPath("inject-service-port"), o.injectServicePort, 1, 65535)...)
 	var err error
 	if o.bootstrap, err = controllers.ParseBootstrapBudgets(o.bootstrapBudgets); err != nil {
-		errs = append(errs, fmt.Errorf("--bootstrap-budgets: %w", err))
+		errs = append(errs, field.Invalid(flagPath("bootstrap-budgets"), field.OmitValueType{}, err.Error()))
 	}
-	return utilerrors.NewAggregate(errs)
+	for _, e := range o.proxy.Validate() {
+		if name, ok := proxyFlags[e.Field]; ok {
+			e.Field = flagPath(name).String()
+		}
+		errs = append(errs, e)
+	}
+	return errs.ToAggregate()
 }
 
 // complete fills in defaults that depend on the environment.
@@ -288,10 +273,10 @@ func (o *options) complete() error {
 	}
 	if o.webhookPort > 0 {
 		if o.webhookCertFile == "" {
-			o.webhookCertFile, o.webhookKeyFile = o.tlsCertFile, o.tlsPrivateKeyFile
+			o.webhookCertFile, o.webhookKeyFile = o.proxy.CertFile, o.proxy.KeyFile
 		}
 		if o.caFile == "" {
-			o.caFile = filepath.Join(filepath.Dir(o.tlsCertFile), "ca.crt")
+			o.caFile = filepath.Join(filepath.Dir(o.proxy.CertFile), "ca.crt")
 		}
 		if o.injectServiceHost == "" {
 			if o.podNamespace == "" {
@@ -446,6 +431,13 @@ func run(ctx context.Context, args []string) error {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
 	log := ctrl.Log.WithName("setup")
+	// The memory guard and the derived watch cap count against the Go
+	// runtime's limit: without GOMEMLIMIT, set it from the cgroup's limit
+	// or the fallback (proxy.ProcessMemoryLimit), so that a process
+	// without either is still held to a budget. GOMEMLIMIT=off opts out.
+	if o.memoryLimit.SetsRuntimeLimit() {
+		debug.SetMemoryLimit(int64(o.memoryLimit.GoMemLimit))
+	}
 
 	cfg, err := o.restConfig()
 	if err != nil {
@@ -464,7 +456,7 @@ func run(ctx context.Context, args []string) error {
 		LeaderElectionID:        o.leaderElectionID(),
 		LeaderElectionNamespace: o.leaderElectionNS,
 		// The proxy drains its watches itself; see proxy.DefaultShutdownGracePeriod.
-		GracefulShutdownTimeout: ptr.To(proxy.Options{ShutdownGracePeriod: o.shutdownGrace}.GracefulShutdownTimeout()),
+		GracefulShutdownTimeout: ptr.To(o.proxy.GracefulShutdownTimeout()),
 		// One manager per process; run may still be called again in the
 		// same process (tests), and controller names are fixed.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
@@ -494,33 +486,9 @@ func run(ctx context.Context, args []string) error {
 	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}
-	srv, err := proxy.NewServer(proxy.Options{
-		BindAddress:         o.proxyBindAddress,
-		CertFile:            o.tlsCertFile,
-		KeyFile:             o.tlsPrivateKeyFile,
-		Upstream:            cfg,
-		Engine:              engine,
-		Logger:              ctrl.Log.WithName("proxy"),
-		ReplicaName:         o.podName,
-		ShutdownGracePeriod: o.shutdownGrace,
-
-		MaxHeaderBytes:                         o.maxHeaderBytes,
-		ReviewFailurePolicy:                    proxy.ReviewFailurePolicy(o.reviewFailurePolicy),
-		ReviewTimeout:                          o.reviewTimeout,
-		TokenReviewsPerClientPerSecond:         o.tokenReviewsPerClient,
-		TokenReviewClientBurst:                 o.tokenReviewClientBurst,
-		ImpersonationReviewsPerCallerPerSecond: o.impersonationReviewsPerCall,
-		ImpersonationReviewCallerBurst:         o.impersonationReviewBurst,
-		LocalServiceAccountTokens:              &o.localServiceAccountTokens,
-		ServiceAccountAudiences:                splitList(o.serviceAccountAudiences),
-
-		MaxWatches:                     o.maxWatches,
-		MaxWatchesPerIdentity:          o.maxWatchesPerIdentity,
-		WatchOpensPerIdentityPerSecond: o.watchOpensPerIdentity,
-		WatchOpenBurstPerIdentity:      o.watchOpenBurst,
-		MemoryHighWaterPercent:         o.memoryHighWater,
-		MaxConnections:                 o.maxConnections,
-	})
+	po := o.proxy
+	po.Upstream, po.Engine, po.Logger, po.ReplicaName = cfg, engine, ctrl.Log.WithName("proxy"), o.podName
+	srv, err := proxy.NewServer(po)
 	if err != nil {
 		return fmt.Errorf("set up proxy: %w", err)
 	}
@@ -539,16 +507,16 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	log.Info("Starting watchgate", "version", version, "proxy", o.proxyBindAddress, "upstream", cfg.Host, "pod", o.podName)
+	log.Info("Starting watchgate", "version", version, "proxy", o.proxy.BindAddress, "upstream", cfg.Host, "pod", o.podName)
+	l := o.memoryLimit
+	log.Info("Memory limit", "source", l.Source, "limitBytes", l.Bytes, "goMemLimitBytes", l.GoMemLimit,
+		"physicalMemoryBytes", l.PhysicalBytes, "why", l.Why(), "memoryHighWaterPercent", cmp.Or(o.proxy.MemoryHighWaterPercent, proxy.DefaultMemoryHighWaterPercent))
 	capFrom := "--max-watches"
 	if !flagSet(fs, "max-watches") {
-		capFrom = o.memoryLimit.Source
-		if capFrom == "" {
-			capFrom = "unknown memory limit, the chart's default"
-		}
+		capFrom = l.Source
 	}
-	log.Info("Watch cap", "maxWatches", o.maxWatches, "maxWatchesPerIdentity", cmp.Or(o.maxWatchesPerIdentity, proxy.DefaultMaxWatchesPerIdentity(o.maxWatches)),
-		"from", capFrom, "memoryLimitBytes", o.memoryLimit.Bytes)
+	log.Info("Watch cap", "maxWatches", o.proxy.MaxWatches, "maxWatchesPerIdentity", cmp.Or(o.proxy.MaxWatchesPerIdentity, proxy.DefaultMaxWatchesPerIdentity(o.proxy.MaxWatches)),
+		"from", capFrom, "goMemLimitBytes", l.GoMemLimit)
 	return mgr.Start(ctx)
 }
 

@@ -3,17 +3,21 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"flag"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 
+	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -50,39 +54,51 @@ current-context: c
 		},
 		"every bad flag at once": {
 			args: []string{"--tls-cert-file", "c.pem", "--proxy-bind-address", "8443", "--shutdown-grace-period", "1h"},
-			want: []string{"--tls-cert-file and --tls-private-key-file must be set together", `--proxy-bind-address "8443"`, "--shutdown-grace-period 1h0m0s"},
+			want: []string{"--tls-private-key-file: Required value", `--proxy-bind-address: Invalid value: "8443"`, `--shutdown-grace-period: Invalid value: "1h0m0s": must be at most 10m0s`},
 		},
 		"injection without a serving certificate": {
 			args: []string{"--webhook-port", "9443", "--inject-service-port", "0"},
-			want: []string{"--webhook-port needs --tls-cert-file", "--inject-service-port 0"},
+			want: []string{"--tls-cert-file: Required value: --webhook-port needs it", "--inject-service-port: Invalid value: 0"},
 		},
 		"a negative watch-open ceiling": {
 			args: []string{"--watch-opens-per-identity-per-second", "-1", "--watch-open-burst-per-identity", "-2"},
-			want: []string{"--watch-opens-per-identity-per-second -1", "--watch-open-burst-per-identity -2"},
+			want: []string{"--watch-opens-per-identity-per-second: Invalid value: -1", "--watch-open-burst-per-identity: Invalid value: -2"},
+		},
+		"a watch-open rate that is not a number": {
+			args: []string{"--watch-opens-per-identity-per-second", "NaN"},
+			want: []string{"--watch-opens-per-identity-per-second: Invalid value: NaN: must be a number, 0 or more"},
+		},
+		"a memory mark over 100%": {
+			args: []string{"--memory-high-water-percent", "101"},
+			want: []string{"--memory-high-water-percent: Invalid value: 101: must be at most 100"},
+		},
+		"a webhook certificate without its key": {
+			args: []string{"--webhook-cert-file", "w.pem"},
+			want: []string{"--webhook-key-file: Required value: with --webhook-cert-file"},
 		},
 		"a negative replica count": {
 			args: []string{"--replicas", "-1"},
-			want: []string{"--replicas -1: must be at least 0"},
+			want: []string{"--replicas: Invalid value: -1: must be 0 or more"},
 		},
 		"profiles on every interface": {
 			args: []string{"--pprof-bind-address", ":6060"},
-			want: []string{`--pprof-bind-address ":6060": must be a loopback address`},
+			want: []string{`--pprof-bind-address: Invalid value: ":6060": must be a loopback address`},
 		},
 		"a bootstrap budget that would exempt everyone": {
 			args: []string{"--bootstrap-budgets", `[{"name":"wg-exempt","mandatory":true,"spec":{"enforcement":"Exempt"}}]`},
-			want: []string{"--bootstrap-budgets: budget wg-exempt: an Exempt budget needs subjects"},
+			want: []string{"--bootstrap-budgets: Invalid value: budget wg-exempt: an Exempt budget needs subjects"},
 		},
 		"a mode that does not exist": {
 			args: []string{"--mode", "webhook"},
-			want: []string{`--mode "webhook": must be all, proxy or injector`},
+			want: []string{`--mode: Unsupported value: "webhook": supported values: "all", "proxy", "injector"`},
 		},
 		"the injector without a webhook port": {
 			args: []string{"--mode", "injector"},
-			want: []string{"--mode=injector needs --webhook-port"},
+			want: []string{"--webhook-port: Required value: --mode=injector needs it"},
 		},
 		"injection in proxy mode": {
 			args: []string{"--mode", "proxy", "--webhook-port", "9443", "--tls-cert-file", "c", "--tls-private-key-file", "k"},
-			want: []string{"--webhook-port needs --mode=all or --mode=injector"},
+			want: []string{"--webhook-port: Forbidden: needs --mode=all or --mode=injector"},
 		},
 		"an unknown flag": {
 			args: []string{"--proxy-bind", ":1"},
@@ -254,26 +270,30 @@ func TestIsLoopback(t *testing.T) {
 	}
 }
 
-// Every bad flag is reported, in flag order, and the same flags give the
-// same message every time (the address checks once ran over a map).
-func TestFlagErrorsComeInFlagOrder(t *testing.T) {
+// Every bad flag is reported, main's own first, then the proxy's in the
+// order of its options, and the same flags give the same message every
+// time (the address checks once ran over a map).
+func TestFlagErrorsComeInAFixedOrder(t *testing.T) {
 	o := options{
-		tlsCertFile:        "c.pem",
-		proxyBindAddress:   "8443",
 		probeBindAddress:   "8081",
 		metricsBindAddress: "8080",
 		pprofBindAddress:   "6060",
 		upstreamTimeout:    time.Hour,
-		shutdownGrace:      time.Hour,
+		injectServicePort:  443,
+		proxy: proxy.Options{
+			BindAddress:         "8443",
+			CertFile:            "c.pem",
+			ShutdownGracePeriod: time.Hour,
+		},
 	}
 	first := o.validate()
 	if first == nil {
 		t.Fatal("validate accepted bad flags")
 	}
-	want := []string{"--tls-cert-file", "--proxy-bind-address", "--health-probe-bind-address", "--metrics-bind-address", "--pprof-bind-address", "--upstream-check-timeout", "--shutdown-grace-period"}
+	want := []string{"--health-probe-bind-address", "--metrics-bind-address", "--pprof-bind-address", "--upstream-check-timeout", "--proxy-bind-address", "--tls-private-key-file", "--shutdown-grace-period"}
 	at := -1
 	for _, flag := range want {
-		i := strings.Index(first.Error(), flag)
+		i := strings.Index(first.Error(), flag+":")
 		if i <= at {
 			t.Fatalf("%s is missing or out of order in %q", flag, first)
 		}
@@ -284,4 +304,57 @@ func TestFlagErrorsComeInFlagOrder(t *testing.T) {
 			t.Fatalf("validate's message changed between runs:\n%q\n%q", first, err)
 		}
 	}
+}
+
+// A flag given 0 means what its help says, and proxy.Options agrees: the
+// flags whose help says "0: the default" are accepted at 0 and passed on as
+// 0, which the proxy reads as its default.
+func TestZeroFlagsAreAcceptedWhereTheirHelpSaysSo(t *testing.T) {
+	var o options
+	fs := flag.NewFlagSet("watchgate", flag.ContinueOnError)
+	o.addFlags(fs)
+	var zeros []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if strings.Contains(f.Usage, "0: the default") || strings.Contains(f.Usage, "0: no ") || strings.Contains(f.Usage, "0 (default)") {
+			zeros = append(zeros, "--"+f.Name+"=0")
+		}
+	})
+	for _, want := range []string{"--memory-high-water-percent=0", "--shutdown-grace-period=0", "--max-watches=0", "--review-timeout=0"} {
+		if !slices.Contains(zeros, want) {
+			t.Errorf("the help of %s does not say what 0 means", want)
+		}
+	}
+	if err := fs.Parse(zeros); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.validate(); err != nil {
+		t.Errorf("%v: %v", zeros, err)
+	}
+}
+
+// Every row of proxyFlags names a flag, and every flag that sets a field
+// of proxy.Options has a row, so that Validate's errors name flags.
+func TestEveryProxyFlagIsNamed(t *testing.T) {
+	var o options
+	fs := flag.NewFlagSet("watchgate", flag.ContinueOnError)
+	o.addFlags(fs)
+	named := map[string]bool{}
+	for path, name := range proxyFlags {
+		if fs.Lookup(name) == nil {
+			t.Errorf("proxyFlags[%q] = %q: no such flag", path, name)
+		}
+		named[name] = true
+	}
+	// A flag set by fs.XVar(&o.proxy.Field, …) points into o.proxy.
+	start := reflect.ValueOf(&o.proxy).Pointer()
+	end := start + reflect.TypeOf(o.proxy).Size()
+	fs.VisitAll(func(f *flag.Flag) {
+		v := reflect.ValueOf(f.Value)
+		if v.Kind() != reflect.Pointer {
+			return
+		}
+		if p := v.Pointer(); p >= start && p < end && !named[f.Name] {
+			t.Errorf("--%s sets a field of proxy.Options but has no row in proxyFlags", f.Name)
+		}
+	})
 }

@@ -43,9 +43,13 @@ type (
 )
 
 const (
-	// DefaultMaxWatches is Options.MaxWatches's default (see
-	// guard.DefaultMaxWatches).
-	DefaultMaxWatches = guard.DefaultMaxWatches
+	// Where a MemoryLimit comes from: GOMEMLIMIT, the cgroup's memory
+	// limit, or the fallback when neither is set (see
+	// guard.ProcessMemoryLimit).
+	MemoryLimitFromGoMemLimit = guard.MemoryLimitFromGoMemLimit
+	MemoryLimitFromCgroup     = guard.MemoryLimitFromCgroup
+	MemoryLimitFromFallback   = guard.MemoryLimitFromFallback
+	MemoryLimitOff            = guard.MemoryLimitOff
 	// DefaultMemoryHighWaterPercent is Options.MemoryHighWaterPercent's
 	// default.
 	DefaultMemoryHighWaterPercent = guard.DefaultMemoryHighWaterPercent
@@ -68,8 +72,10 @@ const (
 )
 
 // ProcessMemoryLimit is the memory this process runs under: GOMEMLIMIT
-// when set, else its cgroup's memory limit, else the machine's physical
-// memory.
+// when set, else its cgroup's memory limit, else a fallback of 512 MiB (at
+// most a quarter of physical memory); without GOMEMLIMIT the process
+// should set the Go runtime's limit to its GoMemLimit, which the memory
+// guard reads.
 func ProcessMemoryLimit() MemoryLimit { return guard.ProcessMemoryLimit() }
 
 // MaxWatchesFor is the default of --max-watches for a process that runs

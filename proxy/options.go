@@ -1,17 +1,16 @@
 package proxy
 
 import (
-	"errors"
-	"fmt"
-	"maps"
+	"net"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchgate/watchgate/internal/bounds"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
 	"github.com/watchgate/watchgate/proxy/internal/review"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -28,8 +27,11 @@ type Engine interface {
 // DefaultMaxHeaderBytes is Options.MaxHeaderBytes's default, 64 KiB.
 const DefaultMaxHeaderBytes = 64 << 10
 
-// Options configure a Server. Zero durations and sizes take the defaults
-// named on each field; negative ones are invalid.
+// Options configure a Server. A zero duration, size, rate or burst takes
+// the default named on its field, except where the field says 0 means
+// none; negative values are invalid (Validate states every bound). main's
+// flags set these fields as they are, so a flag given 0 means what its
+// field says 0 means, and its help says the same.
 type Options struct {
 	// BindAddress is host:port to serve HTTPS on (--proxy-bind-address);
 	// default ":8443". Port 0 picks a free port (see Server.Addr).
@@ -140,7 +142,8 @@ type Options struct {
 
 	// ShutdownDrainDelay and ShutdownGracePeriod time the shutdown; see
 	// GracefulShutdownTimeout. Defaults DefaultShutdownDrainDelay and
-	// DefaultShutdownGracePeriod.
+	// DefaultShutdownGracePeriod; ShutdownGracePeriod at most
+	// MaxShutdownGracePeriod.
 	ShutdownDrainDelay  time.Duration
 	ShutdownGracePeriod time.Duration
 	// SweepInterval is how often engine.Sweep runs; default 30s.
@@ -152,7 +155,8 @@ type Options struct {
 	// MaxWatches caps the watches this replica forwards at once, whatever
 	// the budgets say; beyond it a watch open gets 429 with Retry-After
 	// (watchgate_proxy_guard_rejections_total{reason="MaxWatches"}).
-	// 0: no cap (main's --max-watches defaults to DefaultMaxWatches).
+	// 0: no cap (main's --max-watches defaults to MaxWatchesFor the
+	// process's memory limit).
 	MaxWatches int
 	// MaxWatchesPerIdentity caps the watches one caller (authenticated
 	// identity, whoever it impersonates) holds through this replica at
@@ -176,9 +180,11 @@ type Options struct {
 	WatchOpenBurstPerIdentity      int
 	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
 	// while the Go runtime's memory in use is above this percentage of its
-	// memory limit (GOMEMLIMIT); without a limit memory is not checked.
-	// Open watches are never cut. Default DefaultMemoryHighWaterPercent
-	// (85); 1–100, 100 disables the check.
+	// memory limit (GOMEMLIMIT, or debug.SetMemoryLimit: main sets one
+	// from ProcessMemoryLimit when GOMEMLIMIT is unset); without a limit
+	// memory is not checked.
+	// Open watches are never cut. 1–100, 100 disables the check; 0: the
+	// default, DefaultMemoryHighWaterPercent (85).
 	MemoryHighWaterPercent int
 	// MaxConnections caps the client connections held open at once;
 	// beyond it new ones wait in the kernel's accept queue
@@ -198,82 +204,67 @@ type Options struct {
 	Reviews *rest.Config
 }
 
-// negatives reports each of values below zero, in the order of their
-// names.
-func negatives[T time.Duration | int | float64](values map[string]T) []error {
-	var errs []error
-	for _, name := range slices.Sorted(maps.Keys(values)) {
-		if v := values[name]; v < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", name, v))
+// Validate reports every value of o out of its bounds, in the order of
+// Options' fields, each error's path the field's name in lowerCamel case
+// (main names the flag that set it instead). Zero is always valid: it is
+// the default, or "none" where the field says so. Upstream and Engine are
+// dependencies, not settings: NewServer requires them, so that flags can
+// be checked before either exists.
+func (o *Options) Validate() field.ErrorList {
+	p := field.NewPath
+	var errs field.ErrorList
+	if o.BindAddress != "" {
+		if _, _, err := net.SplitHostPort(o.BindAddress); err != nil {
+			errs = append(errs, field.Invalid(p("bindAddress"), o.BindAddress, err.Error()))
 		}
 	}
-	return errs
-}
-
-// Validate reports every problem with the options at once, always in the
-// same order: the required fields, then the negative durations, counts and
-// rates, each kind in the order of its names.
-func (o *Options) Validate() error {
-	var errs []error
-	if o.Upstream == nil {
-		errs = append(errs, errors.New("upstream: required"))
+	switch {
+	case o.CertFile != "" && o.KeyFile == "":
+		errs = append(errs, field.Required(p("keyFile"), "the certificate's key"))
+	case o.CertFile == "" && o.KeyFile != "":
+		errs = append(errs, field.Required(p("certFile"), "the key's certificate"))
 	}
-	if o.Engine == nil {
-		errs = append(errs, errors.New("engine: required"))
-	}
-	if (o.CertFile == "") != (o.KeyFile == "") {
-		errs = append(errs, errors.New("certFile and keyFile: set both or neither"))
-	}
-	durations := map[string]time.Duration{
-		"readHeaderTimeout":             o.ReadHeaderTimeout,
-		"tokenCacheTTL":                 o.TokenCacheTTL,
-		"tokenCacheNegativeTTL":         o.TokenCacheNegativeTTL,
-		"impersonationCacheTTL":         o.ImpersonationCacheTTL,
-		"impersonationCacheNegativeTTL": o.ImpersonationCacheNegativeTTL,
-		"maxRejectDelay":                o.MaxRejectDelay,
-		"shutdownDrainDelay":            o.ShutdownDrainDelay,
-		"shutdownGracePeriod":           o.ShutdownGracePeriod,
-		"sweepInterval":                 o.SweepInterval,
-		"upstreamProbeInterval":         o.UpstreamProbeInterval,
-		"reviewTimeout":                 o.ReviewTimeout,
-		"serviceAccountKeysRefresh":     o.ServiceAccountKeysRefreshInterval,
-	}
-	errs = append(errs, negatives(durations)...)
-	counts := map[string]int{
-		"maxHeaderBytes":                 o.MaxHeaderBytes,
-		"maxConcurrentStreams":           o.MaxConcurrentStreams,
-		"tokenCacheSize":                 o.TokenCacheSize,
-		"impersonationCacheSize":         o.ImpersonationCacheSize,
-		"reviewBurst":                    o.ReviewBurst,
-		"maxConcurrentReviews":           o.MaxConcurrentReviews,
-		"maxDelayedRejections":           o.MaxDelayedRejections,
-		"tokenReviewClientBurst":         o.TokenReviewClientBurst,
-		"impersonationReviewCallerBurst": o.ImpersonationReviewCallerBurst,
-		"reviewRequestersTracked":        o.ReviewRequestersTracked,
-		"maxWatches":                     o.MaxWatches,
-		"maxConnections":                 o.MaxConnections,
-		"watchOpenBurstPerIdentity":      o.WatchOpenBurstPerIdentity,
-	}
-	errs = append(errs, negatives(counts)...)
-	rates := map[string]float64{
-		"reviewsPerSecond":                       o.ReviewsPerSecond,
-		"tokenReviewsPerClientPerSecond":         o.TokenReviewsPerClientPerSecond,
-		"impersonationReviewsPerCallerPerSecond": o.ImpersonationReviewsPerCallerPerSecond,
-		"watchOpensPerIdentityPerSecond":         o.WatchOpensPerIdentityPerSecond,
-	}
-	errs = append(errs, negatives(rates)...)
+	errs = append(errs, bounds.NonNegative(p("readHeaderTimeout"), o.ReadHeaderTimeout)...)
+	errs = append(errs, bounds.NonNegative(p("maxHeaderBytes"), o.MaxHeaderBytes)...)
+	errs = append(errs, bounds.NonNegative(p("maxConcurrentStreams"), o.MaxConcurrentStreams)...)
+	errs = append(errs, bounds.NonNegative(p("tokenCacheTTL"), o.TokenCacheTTL)...)
+	errs = append(errs, bounds.NonNegative(p("tokenCacheNegativeTTL"), o.TokenCacheNegativeTTL)...)
+	errs = append(errs, bounds.NonNegative(p("tokenCacheSize"), o.TokenCacheSize)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationCacheTTL"), o.ImpersonationCacheTTL)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationCacheNegativeTTL"), o.ImpersonationCacheNegativeTTL)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationCacheSize"), o.ImpersonationCacheSize)...)
+	errs = append(errs, bounds.NonNegative(p("reviewsPerSecond"), o.ReviewsPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("reviewBurst"), o.ReviewBurst)...)
+	errs = append(errs, bounds.NonNegative(p("maxConcurrentReviews"), o.MaxConcurrentReviews)...)
+	errs = append(errs, bounds.NonNegative(p("tokenReviewsPerClientPerSecond"), o.TokenReviewsPerClientPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("tokenReviewClientBurst"), o.TokenReviewClientBurst)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationReviewsPerCallerPerSecond"), o.ImpersonationReviewsPerCallerPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("impersonationReviewCallerBurst"), o.ImpersonationReviewCallerBurst)...)
+	errs = append(errs, bounds.NonNegative(p("reviewRequestersTracked"), o.ReviewRequestersTracked)...)
+	errs = append(errs, bounds.NonNegative(p("reviewTimeout"), o.ReviewTimeout)...)
 	switch o.ReviewFailurePolicy {
 	case "", review.FailClosed, review.FailOpen:
 	default:
-		errs = append(errs, fmt.Errorf("reviewFailurePolicy: must be %q or %q, got %q", review.FailClosed, review.FailOpen, o.ReviewFailurePolicy))
+		errs = append(errs, field.NotSupported(p("reviewFailurePolicy"), o.ReviewFailurePolicy, []review.FailurePolicy{review.FailClosed, review.FailOpen}))
 	}
-	if o.MaxWatchesPerIdentity < 0 || (o.MaxWatches > 0 && o.MaxWatchesPerIdentity > o.MaxWatches) {
-		errs = append(errs, fmt.Errorf("maxWatchesPerIdentity: must be within 0–maxWatches (0: a quarter of maxWatches), got %d", o.MaxWatchesPerIdentity))
+	errs = append(errs, bounds.NonNegative(p("serviceAccountKeysRefreshInterval"), o.ServiceAccountKeysRefreshInterval)...)
+	errs = append(errs, bounds.NonNegative(p("maxRejectDelay"), o.MaxRejectDelay)...)
+	errs = append(errs, bounds.NonNegative(p("maxDelayedRejections"), o.MaxDelayedRejections)...)
+	errs = append(errs, bounds.NonNegative(p("shutdownDrainDelay"), o.ShutdownDrainDelay)...)
+	errs = append(errs, bounds.Within(p("shutdownGracePeriod"), o.ShutdownGracePeriod, 0, MaxShutdownGracePeriod)...)
+	errs = append(errs, bounds.NonNegative(p("sweepInterval"), o.SweepInterval)...)
+	errs = append(errs, bounds.NonNegative(p("upstreamProbeInterval"), o.UpstreamProbeInterval)...)
+	errs = append(errs, bounds.NonNegative(p("maxWatches"), o.MaxWatches)...)
+	if o.MaxWatches > 0 {
+		errs = append(errs, bounds.Within(p("maxWatchesPerIdentity"), o.MaxWatchesPerIdentity, 0, o.MaxWatches)...)
+	} else {
+		errs = append(errs, bounds.NonNegative(p("maxWatchesPerIdentity"), o.MaxWatchesPerIdentity)...)
 	}
-	if o.MemoryHighWaterPercent < 0 || o.MemoryHighWaterPercent > 100 {
-		errs = append(errs, fmt.Errorf("memoryHighWaterPercent: must be within 1–100 (0: default), got %d", o.MemoryHighWaterPercent))
-	}
-	return errors.Join(errs...)
+	errs = append(errs, bounds.NonNegative(p("watchOpensPerIdentityPerSecond"), o.WatchOpensPerIdentityPerSecond)...)
+	errs = append(errs, bounds.NonNegative(p("watchOpenBurstPerIdentity"), o.WatchOpenBurstPerIdentity)...)
+	errs = append(errs, bounds.Within(p("memoryHighWaterPercent"), o.MemoryHighWaterPercent, 0, 100)...)
+	errs = append(errs, bounds.NonNegative(p("maxConnections"), o.MaxConnections)...)
+	return errs
 }
 
 // complete returns a copy of o with every default filled in.
@@ -359,8 +350,12 @@ func (o Options) complete() Options {
 const (
 	DefaultShutdownDrainDelay  = 5 * time.Second
 	DefaultShutdownGracePeriod = 30 * time.Second
-	shutdownRequestsGrace      = 5 * time.Second
-	shutdownMargin             = 5 * time.Second
+	// MaxShutdownGracePeriod bounds ShutdownGracePeriod: past it a
+	// rolling update waits on each replica longer than any client's
+	// patience.
+	MaxShutdownGracePeriod = 10 * time.Minute
+	shutdownRequestsGrace  = 5 * time.Second
+	shutdownMargin         = 5 * time.Second
 )
 
 // GracefulShutdownTimeout is how long Start may take after its context

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
@@ -74,11 +75,18 @@ var (
 
 var errNotProbed = errors.New("the API server has not been probed yet")
 
-// NewServer validates opts and builds the proxy's handler chain once. It
-// does not listen; Start does.
+// NewServer validates opts, requires its Upstream and Engine, and builds
+// the proxy's handler chain once. It does not listen; Start does.
 func NewServer(opts Options) (*Server, error) {
-	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid proxy options: %w", err)
+	var errs field.ErrorList
+	if opts.Upstream == nil {
+		errs = append(errs, field.Required(field.NewPath("upstream"), ""))
+	}
+	if opts.Engine == nil {
+		errs = append(errs, field.Required(field.NewPath("engine"), ""))
+	}
+	if errs = append(errs, opts.Validate()...); len(errs) > 0 {
+		return nil, fmt.Errorf("invalid proxy options: %w", errs.ToAggregate())
 	}
 	o := opts.complete()
 	lg := o.Logger

@@ -11,54 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/cert"
 
 	"github.com/watchgate/watchgate/proxy/internal/enginetest"
 	"github.com/watchgate/watchgate/proxy/internal/serve"
 )
-
-func TestOptionsValidate(t *testing.T) {
-	err := (&Options{CertFile: "c", ReadHeaderTimeout: -1, MaxHeaderBytes: -1}).Validate()
-	if err == nil {
-		t.Fatal("invalid options accepted")
-	}
-	for _, want := range []string{"upstream: required", "engine: required", "certFile and keyFile", "readHeaderTimeout", "maxHeaderBytes"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
-	}
-	if err := (&Options{Upstream: &rest.Config{Host: "https://x"}, Engine: &enginetest.Engine{}}).Validate(); err != nil {
-		t.Errorf("minimal options rejected: %v", err)
-	}
-}
-
-// Validate's message is the same every time: the problems of one kind come
-// in the order of their names, not in a map's random order.
-func TestOptionsValidateIsInNameOrder(t *testing.T) {
-	o := &Options{
-		Upstream: &rest.Config{Host: "https://x"}, Engine: &enginetest.Engine{},
-		SweepInterval: -1, ReadHeaderTimeout: -1, MaxRejectDelay: -1, ShutdownGracePeriod: -1,
-		TokenCacheSize: -1, MaxWatches: -1, ReviewBurst: -1,
-		ReviewsPerSecond: -1, ImpersonationReviewsPerCallerPerSecond: -1,
-	}
-	want := strings.Join([]string{
-		"maxRejectDelay: must not be negative, got -1ns",
-		"readHeaderTimeout: must not be negative, got -1ns",
-		"shutdownGracePeriod: must not be negative, got -1ns",
-		"sweepInterval: must not be negative, got -1ns",
-		"maxWatches: must not be negative, got -1",
-		"reviewBurst: must not be negative, got -1",
-		"tokenCacheSize: must not be negative, got -1",
-		"impersonationReviewsPerCallerPerSecond: must not be negative, got -1",
-		"reviewsPerSecond: must not be negative, got -1",
-	}, "\n")
-	for range 20 {
-		if err := o.Validate(); err == nil || err.Error() != want {
-			t.Fatalf("Validate() =\n%v\nwant\n%s", err, want)
-		}
-	}
-}
 
 // The server speaks HTTP/2 and HTTP/1.1 over TLS with a generated
 // certificate, answers unauthenticated requests itself, limits header

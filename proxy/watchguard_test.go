@@ -29,20 +29,22 @@ import (
 
 func noMemory() (uint64, uint64) { return 0, 0 }
 
-// With the chart's defaults (a cap of DefaultMaxWatches and a catch-all
-// DryRun budget that refuses nothing) one caller cannot take a replica:
-// its own ceiling stops it at a quarter, and another caller still gets in.
+// With the chart's defaults (the cap derived from GOMEMLIMIT 460 MiB, 90%
+// of its 512Mi, and a catch-all DryRun budget that refuses nothing) one
+// caller cannot take a replica: its own ceiling stops it at a quarter, and
+// another caller still gets in.
 func TestTheDefaultsKeepOneCallerFromTakingTheReplica(t *testing.T) {
-	o := Options{MaxWatches: guard.DefaultMaxWatches}.complete()
+	chartCap := guard.MaxWatchesFor(guard.MemoryLimit{Source: guard.MemoryLimitFromGoMemLimit, Bytes: 460 << 20, GoMemLimit: 460 << 20})
+	o := Options{MaxWatches: chartCap}.complete()
 	g := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
 	n, reason := 0, ""
-	for ; n <= guard.DefaultMaxWatches; n++ {
+	for ; n <= chartCap; n++ {
 		if reason, _ = g.Admit(time.Now(), "mallory"); reason != "" {
 			break
 		}
 	}
-	if reason != guard.GuardMaxWatchesPerIdentity || n != guard.DefaultMaxWatches/4 {
-		t.Errorf("one caller opened %d watches, then %q; want %d, then %q", n, reason, guard.DefaultMaxWatches/4, guard.GuardMaxWatchesPerIdentity)
+	if reason != guard.GuardMaxWatchesPerIdentity || n != chartCap/4 {
+		t.Errorf("one caller opened %d watches, then %q; want %d, then %q", n, reason, chartCap/4, guard.GuardMaxWatchesPerIdentity)
 	}
 	if r, _ := g.Admit(time.Now(), "alice"); r != "" {
 		t.Errorf("another caller after that: %q, want admitted", r)

@@ -21,6 +21,18 @@ import (
 // from a new key's, so it is dropped, at the latest when a decision comes
 // a refill time (burst ÷ limit) after the last sweep: dropping it changes
 // no decision.
+//
+// Keys beyond the cap share the overflow bucket rather than evicting
+// another key (as proxy/internal/review.Budget's per-requester buckets
+// do) because the per-key bucket is the whole limit here: nothing stands
+// behind it. Were a newcomer to evict the least recently used key and
+// start full, a caller with more keys than the cap (a namespace's minted
+// service accounts) could cycle through them and take a full burst per
+// key, and reset the buckets it evicted; with the overflow bucket the
+// most it gets is maxKeys bursts plus one. Budget's requesters have a
+// shared bucket behind their own, which bounds what fresh buckets hand
+// out, and a lane (trusted impersonators) that must never share a bucket
+// with strangers, so there a newcomer evicts.
 type KeyRate struct {
 	limit   float64
 	burst   int

@@ -286,9 +286,9 @@ func startTargets(ctx context.Context, env *apiserver.Env, watchgateBin, token, 
 	}
 	logs := filepath.Join(os.TempDir(), "watchgate-bench.log")
 	// One caller holds every idle watch and opens them at once: its ceiling
-	// is lifted above them (--max-watches is derived from the machine's
-	// memory), not a quarter of the cap, and its watch opens are not held
-	// to a rate.
+	// is lifted above them (--max-watches is derived from the memory
+	// limit, on a machine without one the 512 MiB fallback), not a quarter
+	// of the cap, and its watch opens are not held to a rate.
 	wp, err := startProcess("watchgate", watchgateBin, logs,
 		"--kubeconfig", env.Kubeconfig, "--proxy-bind-address", addrs[1], "--metrics-bind-address", addrs[2], "--metrics-secure=false",
 		"--health-probe-bind-address", addrs[3], "--pprof-bind-address", addrs[4], "--pod-name", "watchgate-bench-0", "--shutdown-grace-period", "1s",

@@ -26,8 +26,9 @@ import (
 //  0. Warm-up: LOAD_WATCHES straight to the API server, opened and closed,
 //     on each path's ConfigMaps.
 //  1. Side by side, the same LOAD_WATCHES (10,000) through watchgate
-//     without GOMEMLIMIT and without a cap, through watchgate as the chart
-//     runs it with the memory limit the sizing rule gives that many watches
+//     without a memory limit (GOMEMLIMIT=off) and without a cap, through
+//     watchgate as the chart runs it with the memory limit the sizing rule
+//     gives that many watches
 //     (LOAD_CHART_WATCHES_PER_GIB, 30,000; GOMEMLIMIT 90% of it,
 //     --max-watches the count), and through the bare proxy. Each path
 //     alone, in LOAD_ORDER: the time to open them all at once and the
@@ -146,7 +147,7 @@ func TestLoad(t *testing.T) {
 	// events, which go to each in turn.
 	chartLimit := int64((n+perGiB-1)/perGiB) << 30
 	var procs [3]*process
-	procs[0] = startWatchgate(t, e, bin, nil, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
+	procs[0] = startWatchgate(t, e, bin, []string{"GOMEMLIMIT=off"}, "--max-watches=0", "--watch-opens-per-identity-per-second=0")
 	procs[1] = startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", chartLimit*9/10>>20)},
 		fmt.Sprintf("--max-watches=%d", n), fmt.Sprintf("--max-watches-per-identity=%d", n), "--watch-opens-per-identity-per-second=0")
 	procs[2] = startBare(t, e, bare)

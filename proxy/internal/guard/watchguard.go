@@ -2,7 +2,6 @@ package guard
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -31,10 +30,6 @@ const (
 	baseMemoryBytes = 64 << 20
 	// minMaxWatches is the smallest cap MaxWatchesFor derives.
 	minMaxWatches = 100
-	// DefaultMaxWatches is MaxWatchesFor the chart's default memory
-	// (GOMEMLIMIT 460 MiB, 90% of the 512Mi limit): 15,596; also the cap
-	// when the process's memory cannot be read.
-	DefaultMaxWatches = (460<<20 - baseMemoryBytes) / watchMemoryBytes
 	// defaultMaxWatchesPerIdentityDivisor derives the default of
 	// Options.MaxWatchesPerIdentity: a quarter of MaxWatches, so that at
 	// least four callers fill a replica, and one caller alone never does.
@@ -50,35 +45,6 @@ const (
 	// for client-go's REST client, which waits and retries up to 10 times.
 	RetryAfterSeconds = 5
 )
-
-// MaxWatchesFor is the default of --max-watches for a process that runs
-// under l (ProcessMemoryLimit):
-//
-//	(GOMEMLIMIT − 64 MiB) ÷ 26 KiB       with GOMEMLIMIT
-//	(limit ÷ 2 − 64 MiB) ÷ 26 KiB        with only a cgroup limit or physical memory
-//
-// at least 100, and DefaultMaxWatches when l is unknown. Under GOMEMLIMIT
-// the collector works to keep the heap within it, and the memory guard
-// (--memory-high-water-percent, 85% of it) refuses before it: the cap
-// leaves the guard room for garbage, so that a full replica answers 429
-// MaxWatches rather than 503. Without GOMEMLIMIT the collector lets the
-// heap grow to twice what is live before it collects (GOGC 100), so only
-// half of the limit counts. With the chart's GOMEMLIMIT (90% of
-// resources.limits.memory) that is about 33,000 watches per GiB of limit.
-func MaxWatchesFor(l MemoryLimit) int {
-	budget := l.Bytes
-	switch l.Source {
-	case MemoryLimitFromGoMemLimit:
-	case MemoryLimitFromCgroup, MemoryLimitFromPhysical:
-		budget /= 2
-	default:
-		return DefaultMaxWatches
-	}
-	if budget <= baseMemoryBytes {
-		return minMaxWatches
-	}
-	return int(max(minMaxWatches, min((budget-baseMemoryBytes)/watchMemoryBytes, math.MaxInt32)))
-}
 
 // DefaultMaxWatchesPerIdentity is the cap per caller that MaxWatchesPerIdentity
 // 0 stands for: a quarter of maxWatches, at least 1; 0 (none) without

@@ -136,6 +136,16 @@ func (c *Cache) Get(ctx context.Context, key, requester string, lane Lane, revie
 // a requester pushed out starts again with a full bucket. The state per
 // requester is its key (bounded by the caller: a network prefix or a hash)
 // and one rate.Limiter. It is safe for concurrent use.
+//
+// The per-requester buckets evict rather than send requesters beyond the
+// cap to one shared overflow bucket (as ratelimit.KeyRate does) because a
+// newcomer must always get a bucket of its own: a flood of requesters
+// (IPv6 /64s are cheap) sharing an overflow bucket with every later
+// requester would starve them all of reviews, the trusted lane too, which
+// skips the shared bucket so that no stranger can starve it. What the
+// fresh buckets a flood gets hand out is bounded by the shared bucket,
+// which LaneNew always spends too; KeyRate has nothing behind its
+// per-key bucket, so there a newcomer may not evict.
 type Budget struct {
 	shared       *rate.Limiter
 	reserved     *rate.Limiter // nil: none
