@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/rest"
+
+	"github.com/watchgate/watchgate/test/apiserver"
+)
+
+// startAggregated registers the test bed's aggregated API server for the
+// test and unregisters it after.
+func startAggregated(t *testing.T) *apiserver.Aggregated {
+	t.Helper()
+	a, err := env.StartAggregated(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Stop(context.Background(), env); err != nil {
+			t.Error(err)
+		}
+	})
+	return a
+}
+
+// readAggregated lets a service account list and watch the aggregated
+// API server's resources.
+var readAggregated = rbacv1.PolicyRule{
+	APIGroups: []string{apiserver.AggregatedGroup},
+	Resources: []string{apiserver.BrokenResource, apiserver.HealthyResource},
+	Verbs:     []string{"get", "list", "watch"},
+}
+
+// informerOf runs a dynamic informer of the aggregated resource with cfg
+// (client-go's watch-list is on by default) until the test ends; it
+// returns the informer's HasSynced.
+func informerOf(t *testing.T, cfg *rest.Config, resource string) func() bool {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr := schema.GroupVersionResource{Group: apiserver.AggregatedGroup, Version: apiserver.AggregatedVersion, Resource: resource}
+	inf := dynamicinformer.NewFilteredDynamicInformer(dyn, gvr, "", 0, nil, nil).Informer()
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { inf.RunWithContext(ctx) })
+	t.Cleanup(func() { stop(); wg.Wait() })
+	return inf.HasSynced
+}
+
+// The loop of kubernetes#140890, against kube-apiserver directly: an
+// aggregated API server that never sends a watch-list's initial-events-end
+// bookmark, and ends the stream, makes a client-go informer open
+// watch-list after watch-list at once, and it never syncs.
+func TestUnendingWatchListLoopsDirectly(t *testing.T) {
+	a := startAggregated(t)
+	ns := uniqueName("watchlist-loop")
+	sa := serviceAccount(t, ns, "agent", readAggregated)
+	synced := informerOf(t, env.ConfigFor(sa.Token, "", nil), apiserver.BrokenResource)
+
+	time.Sleep(3 * time.Second) // the loop runs; what it did is asserted below
+	n := a.Requests(apiserver.BrokenResource, apiserver.KindWatchList)
+	if n < 10 {
+		t.Errorf("watch-lists reaching the aggregated server in 3s = %d, want >= 10 (the reflector retries at once)", n)
+	}
+	if synced() {
+		t.Error("the informer synced, want it stuck waiting for the initial-events-end bookmark")
+	}
+	t.Logf("watch-lists in 3s: %d, lists: %d", n, a.Requests(apiserver.BrokenResource, apiserver.KindList))
+}
