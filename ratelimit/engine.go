@@ -143,6 +143,8 @@ type Engine struct {
 	// MaxTrackedKeys and MaxBackoffKeys.
 	identities, backoffKeys keyCap
 	stale                   staleMemory
+	// watchLists remembers incomplete watch-lists (watchlists.go).
+	watchLists watchListMemory
 
 	// The following are used for testing purposes.
 	//
@@ -181,6 +183,7 @@ func NewEngine(opts Options) *Engine {
 	e.identities.max = int64(opts.MaxTrackedKeys)
 	e.backoffKeys.max = int64(opts.MaxBackoffKeys)
 	e.stale.init()
+	e.watchLists.init()
 	e.current.Store(&enforced{policy: &Policy{}})
 	e.shares.Store(&sharesGen{})
 	return e
@@ -432,7 +435,13 @@ type verdict struct {
 // watch, and reports whether to call OnThrottled. id.sh.mu is held.
 func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale bool) (v verdict) {
 	watch := r.Verb == VerbWatch
+	var heldWatchList time.Duration
+	if watch {
+		heldWatchList = e.watchListHeld(now, r)
+	}
 	switch {
+	case heldWatchList > 0:
+		v.reason, v.retryAfter = ReasonWatchListIncomplete, heldWatchList
 	case stale:
 		v.reason = ReasonStaleResourceVersion
 		if cfg.Enforcement != DryRun {
@@ -552,10 +561,12 @@ const (
 	idxBackingOff
 	idxStale
 	idxAggregateLimited
+	idxWatchListIncomplete
 	numReasons
 )
 
-var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion, ReasonAggregateLimited}
+var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion, ReasonAggregateLimited,
+	ReasonWatchListIncomplete}
 
 func reasonIndex(r Reason) int {
 	switch r {
@@ -569,6 +580,8 @@ func reasonIndex(r Reason) int {
 		return idxStale
 	case ReasonAggregateLimited:
 		return idxAggregateLimited
+	case ReasonWatchListIncomplete:
+		return idxWatchListIncomplete
 	}
 	return idxAllowed
 }

@@ -43,6 +43,8 @@ type admission struct {
 	cost float64
 	user string
 	w    Watch
+	// watchList: the watch asked for initial events (sendInitialEvents).
+	watchList bool
 }
 
 // runTimeline drives an engine with the operations encoded in ops (3 bytes
@@ -126,7 +128,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if d.Reason != "" {
 				cost = 0 // dry run: admitted without tokens
 			}
-			ad := admission{now, cost, r.User, d.Watch}
+			ad := admission{now, cost, r.User, d.Watch, r.isWatchList()}
 			open = append(open, ad)
 			openBy[r.User]++
 			if budget.Enforcement == Enforce {
@@ -149,6 +151,9 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 				outcome = OutcomeError
 			}
 			before, held := backoffOf(ad.w), heldBy(ad.w)
+			if ad.watchList {
+				e.WatchListEnded(now, ad.w, b%4 == 0)
+			}
 			e.WatchEnded(now, ad.w, lifetime, outcome)
 			ended = append(ended, ad.w)
 			if ad.user != "dreamer" {

@@ -103,6 +103,13 @@ const (
 	// TooManyWatchesRetryAfter. The Decision's Budget is the one that
 	// carries the Aggregate.
 	ReasonAggregateLimited Reason = "AggregateLimited"
+	// ReasonWatchListIncomplete: the identity's last
+	// IncompleteWatchListLimit watch-lists of this resource ended without
+	// the bookmark that ends their initial events; its watch-lists of the
+	// resource are refused until RetryAfter has passed (see
+	// Engine.WatchListEnded). The proxy answers as an API server without
+	// watch-list support, so that the client lists and watches instead.
+	ReasonWatchListIncomplete Reason = "WatchListIncomplete"
 
 	// ReasonAllowed is not a Decision's Reason: it is the key under which
 	// BudgetStats.Decisions counts decisions with no Reason.
@@ -116,6 +123,7 @@ var reasonTexts = map[Reason]string{
 	ReasonBackingOff:           "watches keep failing, backing off",
 	ReasonStaleResourceVersion: "resubscribing with a resourceVersion the API server declared too old",
 	ReasonAggregateLimited:     "too many watches opened on behalf of others by the impersonating caller",
+	ReasonWatchListIncomplete:  "watch-lists of this resource keep ending without the bookmark that ends their initial events; list, then watch",
 }
 
 // Text says, in a few words, why a request was rejected for reason r (the

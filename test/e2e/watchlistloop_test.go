@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
 
+	"github.com/watchgate/watchgate/ratelimit"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -76,4 +77,45 @@ func TestUnendingWatchListLoopsDirectly(t *testing.T) {
 		t.Error("the informer synced, want it stuck waiting for the initial-events-end bookmark")
 	}
 	t.Logf("watch-lists in 3s: %d, lists: %d", n, a.Requests(apiserver.BrokenResource, apiserver.KindList))
+}
+
+// Through watchgate the same loop is recognised and damped: after
+// ratelimit.IncompleteWatchListLimit watch-lists that ended without their
+// initial-events-end bookmark, the identity's watch-lists of the resource
+// are answered locally (422 on sendInitialEvents, reason
+// WatchListIncomplete), and client-go falls back to a LIST and a WATCH,
+// which the aggregated server serves: the informer syncs, and the
+// watch-lists that reach the aggregated server are bounded. The same
+// identity's informer of a resource whose watch-lists complete is
+// untouched.
+func TestUnendingWatchListIsDampedThroughTheProxy(t *testing.T) {
+	a := startAggregated(t)
+	ns := uniqueName("watchlist-damped")
+	sa := serviceAccount(t, ns, "agent", readAggregated)
+	p := startProxy(t, generous("everyone", 100))
+	refused := func() float64 {
+		return proxyMetric(t, "watchgate_proxy_requests_total", map[string]string{"reason": string(ratelimit.ReasonWatchListIncomplete)})
+	}
+	refusedBefore := refused()
+
+	healthy := informerOf(t, p.Config(sa.Token, false), apiserver.HealthyResource)
+	broken := informerOf(t, p.Config(sa.Token, false), apiserver.BrokenResource)
+	eventually(t, 30*time.Second, "both informers synced", func() (bool, error) { return healthy() && broken(), nil })
+
+	time.Sleep(3 * time.Second) // the loop would run on; it must not
+	if n := a.Requests(apiserver.BrokenResource, apiserver.KindWatchList); n > ratelimit.IncompleteWatchListLimit {
+		t.Errorf("watch-lists of %s reaching the aggregated server = %d, want at most %d", apiserver.BrokenResource, n, ratelimit.IncompleteWatchListLimit)
+	}
+	if n := a.Requests(apiserver.BrokenResource, apiserver.KindList); n < 1 {
+		t.Errorf("lists of %s = %d, want the reflector's fallback list", apiserver.BrokenResource, n)
+	}
+	if n := refused() - refusedBefore; n < 1 {
+		t.Errorf("watch-lists refused with reason %s = %v, want at least 1", ratelimit.ReasonWatchListIncomplete, n)
+	}
+	if st, ok := budgetStats(p.Engine, "everyone"); !ok || st.Decisions[ratelimit.ReasonWatchListIncomplete] < 1 {
+		t.Errorf("budget status decisions = %v, want %s counted", st.Decisions, ratelimit.ReasonWatchListIncomplete)
+	}
+	if wl, l := a.Requests(apiserver.HealthyResource, apiserver.KindWatchList), a.Requests(apiserver.HealthyResource, apiserver.KindList); wl != 1 || l != 0 {
+		t.Errorf("%s: %d watch-lists and %d lists, want 1 and 0", apiserver.HealthyResource, wl, l)
+	}
 }

@@ -213,6 +213,10 @@ func (a *Admission) reject(w http.ResponseWriter, r *http.Request, c *request.Cl
 		answer.WriteTooOld(w, r, c.ResourceVersion)
 		return
 	}
+	if d.Reason == ratelimit.ReasonWatchListIncomplete {
+		answer.WriteStatus(w, r, watchListRefused(*d))
+		return
+	}
 	answer.WriteStatus(w, r, tooManyRequests(*d))
 }
 
