@@ -101,8 +101,10 @@ const (
 // StaleMatch).
 //
 // When several checks would reject a watch, the first in this order is the
-// Reason: stale version (it never reaches the server, so nothing else
-// matters), backoff, concurrency, tokens. A rejected request takes no
+// Reason: a watch-list refused for its resource (watchlists.go), stale
+// version (it never reaches the server, so nothing else matters), backoff,
+// concurrency, its resource's rebuilds (resourcelists.go), tokens; for a
+// list: its resource's rebuilds, then the list bucket. A rejected request takes no
 // tokens and no slot. A stale-version rejection counts as a failed watch of
 // its key (with Backoff enabled), and its RetryAfter says how long to hold
 // the local answer back: 0 the first time, at least StaleRepeatHold for a
@@ -450,8 +452,8 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 		}
 	case watch:
 		v.reason, v.retryAfter = e.checkWatch(id, now, r, cfg)
-	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now, 1):
-		v.reason, v.retryAfter = ReasonRateLimited, tokenWait(&id.list, now, 1)
+	case r.Verb == VerbList:
+		v.reason, v.retryAfter = e.checkList(id, now, r, cfg)
 	}
 	sh := id.sh
 	if watch && (v.reason == ReasonNone || cfg.Enforcement == DryRun) {
@@ -494,6 +496,10 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 		id.capped = saturatingInc(id.capped)
 		return ReasonTooManyWatches, TooManyWatchesRetryAfter
 	}
+	rb := e.rebuildBucket(id, now, r, cfg)
+	if reason, d := checkRebuild(rb, now); reason != ReasonNone {
+		return reason, d
+	}
 	if id.watch.limited() {
 		n := 1
 		if r.initialState() {
@@ -503,6 +509,7 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 			return ReasonRateLimited, tokenWait(&id.watch, now, n)
 		}
 	}
+	takeRebuild(rb, now)
 	return ReasonNone, 0
 }
 
@@ -562,11 +569,12 @@ const (
 	idxStale
 	idxAggregateLimited
 	idxWatchListIncomplete
+	idxResourceListsLimited
 	numReasons
 )
 
 var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion, ReasonAggregateLimited,
-	ReasonWatchListIncomplete}
+	ReasonWatchListIncomplete, ReasonResourceListsLimited}
 
 func reasonIndex(r Reason) int {
 	switch r {
@@ -582,6 +590,8 @@ func reasonIndex(r Reason) int {
 		return idxAggregateLimited
 	case ReasonWatchListIncomplete:
 		return idxWatchListIncomplete
+	case ReasonResourceListsLimited:
+		return idxResourceListsLimited
 	}
 	return idxAllowed
 }

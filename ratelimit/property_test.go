@@ -13,9 +13,10 @@ import (
 // for the user "dreamer" so that its paths run too.
 var (
 	propertyBudget = Budget{
-		Name:          "enforced",
-		Precedence:    2,
-		Limits:        Limits{WatchOpensPerMinute: 30, WatchBurst: 4, MaxConcurrentWatches: 3, InitialStateCost: 2, ListsPerMinute: 60, ListBurst: 2},
+		Name:       "enforced",
+		Precedence: 2,
+		Limits: Limits{WatchOpensPerMinute: 30, WatchBurst: 4, MaxConcurrentWatches: 3, InitialStateCost: 2, ListsPerMinute: 60, ListBurst: 2,
+			ListsPerMinutePerResource: 30, ListBurstPerResource: 1},
 		Backoff:       Backoff{Initial: 500 * ms, Max: 8 * s, ShortWatch: s, ResetAfter: 5 * s},
 		StaleVersions: StaleVersions{Memory: 3 * s},
 	}
@@ -170,7 +171,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 				stale[v] = now
 			}
 		case 6: // a list
-			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: "pods"})
+			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: [...]string{"pods", "secrets"}[b%2], Continuation: b&4 != 0})
 		case 7: // housekeeping
 			if a%2 == 0 {
 				e.Sweep(now)
