@@ -1,11 +1,13 @@
 package apiserver
 
 import (
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -46,8 +48,10 @@ const (
 // LIST and WATCH of two cluster-scoped resources with ItemsPerList
 // objects each: BrokenResource, whose watch-lists never send their
 // initial-events-end bookmark, and HealthyResource, whose watch-lists do.
-// Every answer is JSON; nothing is authenticated (kube-apiserver has
-// authenticated and authorized the caller before it proxies).
+// Every answer is JSON, a watch-list gzip-encoded when the client accepts
+// gzip (as kube-apiserver 1.37 answers client-go's); nothing is
+// authenticated (kube-apiserver has authenticated and authorized the
+// caller before it proxies).
 //
 // It counts the requests that reached it, per resource: what a client did
 // to kube-apiserver, seen from behind it.
@@ -250,10 +254,22 @@ func (a *Aggregated) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.count(res, KindWatch)
 	}
 	w.Header().Set("Content-Type", "application/json")
+	// As kube-apiserver 1.37 (WatchListCompression): a watch-list for a
+	// client that accepts gzip is gzip-encoded, one gzip member per flush.
+	gzipped := watchList && strings.Contains(r.Header.Get("Accept-Encoding"), "gzip")
+	if gzipped {
+		w.Header().Set("Content-Encoding", "gzip")
+	}
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
-	enc := json.NewEncoder(w)
 	if watchList {
+		var out io.Writer = w
+		var gz *gzip.Writer
+		if gzipped {
+			gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+			out = gz
+		}
+		enc := json.NewEncoder(out)
 		for _, obj := range items(res) {
 			_ = enc.Encode(map[string]any{"type": "ADDED", "object": obj})
 		}
@@ -265,6 +281,13 @@ func (a *Aggregated) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					"annotations":     map[string]any{metav1.InitialEventsAnnotationKey: "true"},
 				},
 			}})
+		}
+		if gz != nil {
+			// Flushed before it is closed, as kube-apiserver's members
+			// are: a reader gets the events at the flush, without waiting
+			// for the next member's header.
+			_ = gz.Flush()
+			_ = gz.Close()
 		}
 		if flusher != nil {
 			flusher.Flush()

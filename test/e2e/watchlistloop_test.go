@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -87,7 +88,8 @@ func TestUnendingWatchListLoopsDirectly(t *testing.T) {
 // which the aggregated server serves: the informer syncs, and the
 // watch-lists that reach the aggregated server are bounded. The same
 // identity's informer of a resource whose watch-lists complete is
-// untouched.
+// untouched. The watch-lists are gzip-encoded, as kube-apiserver 1.37
+// sends client-go's.
 func TestUnendingWatchListIsDampedThroughTheProxy(t *testing.T) {
 	a := startAggregated(t)
 	ns := uniqueName("watchlist-damped")
@@ -100,7 +102,12 @@ func TestUnendingWatchListIsDampedThroughTheProxy(t *testing.T) {
 
 	healthy := informerOf(t, p.Config(sa.Token, false), apiserver.HealthyResource)
 	broken := informerOf(t, p.Config(sa.Token, false), apiserver.BrokenResource)
-	eventually(t, 30*time.Second, "both informers synced", func() (bool, error) { return healthy() && broken(), nil })
+	eventually(t, 30*time.Second, "both informers synced", func() (bool, error) {
+		return healthy() && broken(), fmt.Errorf("synced: %s %v, %s %v; %s: %d watch-lists, %d lists; %s: %d watch-lists; refused %v",
+			apiserver.HealthyResource, healthy(), apiserver.BrokenResource, broken(),
+			apiserver.BrokenResource, a.Requests(apiserver.BrokenResource, apiserver.KindWatchList), a.Requests(apiserver.BrokenResource, apiserver.KindList),
+			apiserver.HealthyResource, a.Requests(apiserver.HealthyResource, apiserver.KindWatchList), refused()-refusedBefore)
+	})
 
 	time.Sleep(3 * time.Second) // the loop would run on; it must not
 	if n := a.Requests(apiserver.BrokenResource, apiserver.KindWatchList); n > ratelimit.IncompleteWatchListLimit {
