@@ -22,9 +22,11 @@ type Options struct {
 	// MaxTrackedKeys caps the identities the engine tracks (one per
 	// budget × user). Default 1<<20. Backoff keys do not count against it
 	// (see MaxBackoffKeys), so no identity's failures can push another
-	// identity out. At the cap, identities take about 312 MiB
+	// identity out. At the cap, identities take about 328 MiB
 	// (BenchmarkIdentityMemory; 56 bytes of each are its observed peaks,
-	// see ObservedPeaks), plus at most one overflow backoff key each.
+	// see ObservedPeaks), plus at most one overflow backoff key each, and
+	// for an identity that rebuilds under ListsPerMinutePerResource its
+	// rebuild buckets (resourcelists.go, about 300 bytes).
 	//
 	// At the cap a new identity is governed by its budget's shared
 	// overflow identity: every user that arrives while the engine is full
@@ -438,7 +440,7 @@ type verdict struct {
 func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale bool) (v verdict) {
 	watch := r.Verb == VerbWatch
 	var heldWatchList time.Duration
-	if watch {
+	if watch && e.watchLists.tracked.Load() > 0 {
 		heldWatchList = e.watchListHeld(now, r)
 	}
 	switch {
@@ -452,8 +454,10 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 		}
 	case watch:
 		v.reason, v.retryAfter = e.checkWatch(id, now, r, cfg)
-	case r.Verb == VerbList:
+	case r.Verb == VerbList && cfg.Limits.ListsPerMinutePerResource > 0:
 		v.reason, v.retryAfter = e.checkList(id, now, r, cfg)
+	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now, 1):
+		v.reason, v.retryAfter = ReasonRateLimited, tokenWait(&id.list, now, 1)
 	}
 	sh := id.sh
 	if watch && (v.reason == ReasonNone || cfg.Enforcement == DryRun) {
@@ -496,9 +500,12 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 		id.capped = saturatingInc(id.capped)
 		return ReasonTooManyWatches, TooManyWatchesRetryAfter
 	}
-	rb := e.rebuildBucket(id, now, r, cfg)
-	if reason, d := checkRebuild(rb, now); reason != ReasonNone {
-		return reason, d
+	var rb *bucket
+	if cfg.Limits.ListsPerMinutePerResource > 0 {
+		rb = e.rebuildBucket(id, now, r, cfg)
+		if reason, d := checkRebuild(rb, now); reason != ReasonNone {
+			return reason, d
+		}
 	}
 	if id.watch.limited() {
 		n := 1
@@ -509,7 +516,9 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 			return ReasonRateLimited, tokenWait(&id.watch, now, n)
 		}
 	}
-	takeRebuild(rb, now)
+	if rb != nil {
+		rb.allowN(now, 1)
+	}
 	return ReasonNone, 0
 }
 

@@ -149,12 +149,10 @@ func (m *watchListMemory) decide(now int64, r *Request, user string) time.Durati
 	return 0
 }
 
-// watchListHeld is watchLists.decide for r at now (UnixNano), at the cost
-// of an atomic load while no identity has an incomplete watch-list.
+// watchListHeld is watchLists.decide for r at now (UnixNano). Decide calls
+// it only while some identity has an incomplete watch-list (tracked > 0):
+// otherwise a watch costs one atomic load here.
 func (e *Engine) watchListHeld(now int64, r *Request) time.Duration {
-	if e.watchLists.tracked.Load() == 0 {
-		return 0
-	}
 	return e.watchLists.decide(now, r, e.userKey(r.User))
 }
 
