@@ -26,7 +26,7 @@ type Options struct {
 	// (BenchmarkIdentityMemory; 56 bytes of each are its observed peaks,
 	// see ObservedPeaks), plus at most one overflow backoff key each, and
 	// for an identity that rebuilds under ListsPerMinutePerResource its
-	// rebuild buckets (resourcelists.go, about 300 bytes).
+	// rebuild buckets (resourcelists.go, about 350 bytes).
 	//
 	// At the cap a new identity is governed by its budget's shared
 	// overflow identity: every user that arrives while the engine is full

@@ -20,7 +20,7 @@ import (
 // full), so a new resource takes the slot of a full one; when all are
 // partly spent, the identity's further resources share its overflow
 // bucket: limited together, never unlimited. An identity that rebuilds
-// takes about 300 bytes more (8 buckets of 40 bytes).
+// takes about 350 bytes more (8 buckets of 40 bytes and the overflow bucket).
 const resourceListSlots = 8
 
 // resourceLists are an identity's rebuild buckets, one per (group,

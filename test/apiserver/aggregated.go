@@ -149,7 +149,7 @@ func (e *Env) StartAggregated(ctx context.Context) (*Aggregated, error) {
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		got, err := apiServices.Get(ctx, a.apiSvc, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // not registered yet: poll again
 		}
 		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
 		for _, c := range conds {
