@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -121,6 +125,16 @@ func TestUnendingWatchListIsDampedThroughTheProxy(t *testing.T) {
 	}
 	if st, ok := budgetStats(p.Engine, "everyone"); !ok || st.Decisions[ratelimit.ReasonWatchListIncomplete] < 1 {
 		t.Errorf("budget status decisions = %v, want %s counted", st.Decisions, ratelimit.ReasonWatchListIncomplete)
+	}
+	// What any client gets for the refused watch-list: the API server's
+	// answer when it serves no watch-lists, with the reason in words.
+	path := fmt.Sprintf("/apis/%s/%s/%s?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+		apiserver.AggregatedGroup, apiserver.AggregatedVersion, apiserver.BrokenResource)
+	resp, body := rawGet(t, p, sa.Token, path, nil)
+	var st metav1.Status
+	if err := json.Unmarshal(body, &st); err != nil || resp.StatusCode != http.StatusUnprocessableEntity || st.Reason != metav1.StatusReasonInvalid ||
+		!strings.Contains(st.Message, ratelimit.ReasonWatchListIncomplete.Text()) {
+		t.Errorf("a refused watch-list got %d %s, want 422 Invalid saying %q", resp.StatusCode, body, ratelimit.ReasonWatchListIncomplete.Text())
 	}
 	if wl, l := a.Requests(apiserver.HealthyResource, apiserver.KindWatchList), a.Requests(apiserver.HealthyResource, apiserver.KindList); wl != 1 || l != 0 {
 		t.Errorf("%s: %d watch-lists and %d lists, want 1 and 0", apiserver.HealthyResource, wl, l)
