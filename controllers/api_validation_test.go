@@ -39,6 +39,10 @@ func TestAPIServerRejectsInvalidSpecs(t *testing.T) {
 			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{ListsPerMinute: ptr.To[int32](10), ListBurst: ptr.To[int32](0)}},
 			want: "spec.limits.listBurst: Invalid value: listBurst must be at least 1 when listsPerMinute is set",
 		},
+		"rejects a zero per-resource list burst with a per-resource list rate": {
+			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{ListsPerMinutePerResource: ptr.To[int32](10), ListBurstPerResource: ptr.To[int32](0)}},
+			want: "spec.limits.listBurstPerResource: Invalid value: listBurstPerResource must be at least 1 when listsPerMinutePerResource is set",
+		},
 		"rejects a reset shorter than a short watch": {
 			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{ShortWatchSeconds: ptr.To[int32](60), ResetAfterSeconds: ptr.To[int32](30)}},
 			want: "spec.backoff.resetAfterSeconds: Invalid value: resetAfterSeconds must be at least shortWatchSeconds",
@@ -110,11 +114,13 @@ func TestAPIServerDefaults(t *testing.T) {
 	s := getBudget(t, "defaults").Spec
 	got := []any{s.Precedence, s.Enforcement,
 		*s.Limits.WatchOpensPerMinute, *s.Limits.WatchBurst, *s.Limits.MaxConcurrentWatches, *s.Limits.InitialStateCost, *s.Limits.ListsPerMinute, *s.Limits.ListBurst,
+		*s.Limits.ListsPerMinutePerResource, *s.Limits.ListBurstPerResource,
 		*s.Backoff.InitialDelaySeconds, *s.Backoff.MaxDelaySeconds, *s.Backoff.ShortWatchSeconds, *s.Backoff.ResetAfterSeconds,
 		s.StaleVersions.Action, *s.StaleVersions.MemorySeconds,
 		*s.Suggestion.Share, *s.Suggestion.HeadroomPercent}
 	want := []any{int32(1000), v1alpha1.EnforcementEnforce,
 		int32(60), int32(30), int32(0), int32(1), int32(0), int32(10),
+		int32(0), int32(5),
 		int32(1), int32(60), int32(10), int32(120),
 		v1alpha1.StaleActionReject, int32(900),
 		int32(95), int32(150)}

@@ -23,6 +23,8 @@ const (
 	defaultInitialStateCost     = 1
 	defaultListsPerMinute       = 0
 	defaultListBurst            = 10
+	defaultListsPerResource     = 0
+	defaultListBurstPerResource = 5
 	defaultInitialDelaySeconds  = 1
 	defaultMaxDelaySeconds      = 60
 	defaultShortWatchSeconds    = 10
@@ -112,12 +114,14 @@ func convert(wb *v1alpha1.WatchBudget) ratelimit.Budget {
 		Enforcement:   ratelimit.Enforcement(s.Enforcement),
 		Impersonation: ratelimit.Impersonation(s.Impersonation),
 		Limits: ratelimit.Limits{
-			WatchOpensPerMinute:  deref(l.WatchOpensPerMinute, defaultWatchOpensPerMinute),
-			WatchBurst:           deref(l.WatchBurst, defaultWatchBurst),
-			MaxConcurrentWatches: deref(l.MaxConcurrentWatches, defaultMaxConcurrentWatches),
-			InitialStateCost:     deref(l.InitialStateCost, defaultInitialStateCost),
-			ListsPerMinute:       deref(l.ListsPerMinute, defaultListsPerMinute),
-			ListBurst:            deref(l.ListBurst, defaultListBurst),
+			WatchOpensPerMinute:       deref(l.WatchOpensPerMinute, defaultWatchOpensPerMinute),
+			WatchBurst:                deref(l.WatchBurst, defaultWatchBurst),
+			MaxConcurrentWatches:      deref(l.MaxConcurrentWatches, defaultMaxConcurrentWatches),
+			InitialStateCost:          deref(l.InitialStateCost, defaultInitialStateCost),
+			ListsPerMinute:            deref(l.ListsPerMinute, defaultListsPerMinute),
+			ListBurst:                 deref(l.ListBurst, defaultListBurst),
+			ListsPerMinutePerResource: deref(l.ListsPerMinutePerResource, defaultListsPerResource),
+			ListBurstPerResource:      deref(l.ListBurstPerResource, defaultListBurstPerResource),
 		},
 		Backoff: ratelimit.Backoff{
 			Initial:    seconds(deref(bo.InitialDelaySeconds, defaultInitialDelaySeconds)),

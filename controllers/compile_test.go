@@ -27,6 +27,7 @@ func TestToBudgetConverts(t *testing.T) {
 			Limits: v1alpha1.Limits{
 				WatchOpensPerMinute: ptr.To[int32](120), WatchBurst: ptr.To[int32](10), MaxConcurrentWatches: ptr.To[int32](50),
 				InitialStateCost: ptr.To[int32](2), ListsPerMinute: ptr.To[int32](30), ListBurst: ptr.To[int32](5),
+				ListsPerMinutePerResource: ptr.To[int32](12), ListBurstPerResource: ptr.To[int32](3),
 			},
 			Backoff: v1alpha1.Backoff{
 				InitialDelaySeconds: ptr.To[int32](2), MaxDelaySeconds: ptr.To[int32](40),
@@ -46,8 +47,9 @@ func TestToBudgetConverts(t *testing.T) {
 			{Kind: ratelimit.Group, Name: "dashboard-users"},
 			{Kind: ratelimit.ServiceAccount, Name: "agent-*", Namespace: "cattle-*"},
 		},
-		Resources:     []ratelimit.ResourceRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Namespaces: []string{"team-a"}}},
-		Limits:        ratelimit.Limits{WatchOpensPerMinute: 120, WatchBurst: 10, MaxConcurrentWatches: 50, InitialStateCost: 2, ListsPerMinute: 30, ListBurst: 5},
+		Resources: []ratelimit.ResourceRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Namespaces: []string{"team-a"}}},
+		Limits: ratelimit.Limits{WatchOpensPerMinute: 120, WatchBurst: 10, MaxConcurrentWatches: 50, InitialStateCost: 2, ListsPerMinute: 30, ListBurst: 5,
+			ListsPerMinutePerResource: 12, ListBurstPerResource: 3},
 		Backoff:       ratelimit.Backoff{Initial: 2 * time.Second, Max: 40 * time.Second, ShortWatch: 5 * time.Second, ResetAfter: 300 * time.Second},
 		StaleVersions: ratelimit.StaleVersions{Action: ratelimit.StalePass, Memory: time.Minute},
 		Suggestion:    ratelimit.Suggestion{Share: 80, HeadroomPercent: 200},
@@ -68,7 +70,7 @@ func TestToBudgetDefaultsUnsetFields(t *testing.T) {
 	// means the CRD's default, and the engine applies it.
 	want := ratelimit.Budget{
 		Name: "empty", Precedence: 1000,
-		Limits:        ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1, ListBurst: 10},
+		Limits:        ratelimit.Limits{WatchOpensPerMinute: 60, WatchBurst: 30, InitialStateCost: 1, ListBurst: 10, ListBurstPerResource: 5},
 		Backoff:       ratelimit.Backoff{Initial: time.Second, Max: time.Minute, ShortWatch: 10 * time.Second, ResetAfter: 2 * time.Minute},
 		StaleVersions: ratelimit.StaleVersions{Memory: 15 * time.Minute},
 		Suggestion:    ratelimit.Suggestion{Share: 95, HeadroomPercent: 150},
@@ -105,6 +107,10 @@ func TestToBudgetRejects(t *testing.T) {
 		"a zero list burst with a list rate": {
 			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{ListsPerMinute: ptr.To[int32](10), ListBurst: ptr.To[int32](0)}},
 			want: "limits.listBurst: must be >= 1 when listsPerMinute > 0",
+		},
+		"a zero per-resource list burst with a per-resource list rate": {
+			spec: v1alpha1.WatchBudgetSpec{Limits: v1alpha1.Limits{ListsPerMinutePerResource: ptr.To[int32](10), ListBurstPerResource: ptr.To[int32](0)}},
+			want: "limits.listBurstPerResource: must be >= 1 when listsPerMinutePerResource > 0",
 		},
 		"a reset shorter than a short watch": {
 			spec: v1alpha1.WatchBudgetSpec{Backoff: v1alpha1.Backoff{ShortWatchSeconds: ptr.To[int32](60), ResetAfterSeconds: ptr.To[int32](30)}},

@@ -24,7 +24,9 @@
 //	start := time.Now()
 //	// ... stream the watch; on an ERROR 410 event:
 //	engine.StaleVersionSeen(time.Now(), group, resource, rv)
-//	// ... when it ends:
+//	// ... when it ends (a watch-list: whether its initial-events-end
+//	// bookmark went by, first):
+//	engine.WatchListEnded(time.Now(), d.Watch, complete)
 //	engine.WatchEnded(time.Now(), d.Watch, time.Since(start), outcome)
 //
 // and calls Sweep every 30s and Stats for the budgets' status.
@@ -65,7 +67,14 @@
 //     makes of them from every replica's Demand; replicas.go:
 //     Engine.SetShares and Engine.Demand;
 //   - suggest.go: Suggest, the limits that would have admitted a share of
-//     the observed peaks, and how many identities the current ones refuse.
+//     the observed peaks, and how many identities the current ones refuse;
+//   - watchlists.go: the memory of watch-lists that ended without the
+//     bookmark that ends their initial events (WatchListEnded), which
+//     refuses an identity's watch-lists of a resource after
+//     IncompleteWatchListLimit in a row (ReasonWatchListIncomplete);
+//   - resourcelists.go: rebuilds (a LIST's first page, a watch asking for
+//     initial state) and each identity's rebuild bucket per resource
+//     (Limits.ListsPerMinutePerResource, ReasonResourceListsLimited).
 //
 // Memory is bounded in count and bytes, whatever clients send: Sweep
 // evicts state that changes no decision, and caps bound the rest —

@@ -24,7 +24,9 @@ type Options struct {
 	// (see MaxBackoffKeys), so no identity's failures can push another
 	// identity out. At the cap, identities take about 328 MiB
 	// (BenchmarkIdentityMemory; 64 bytes of each are its observed peaks,
-	// see ObservedPeaks), plus at most one overflow backoff key each.
+	// see ObservedPeaks), plus at most one overflow backoff key each, and
+	// for an identity that rebuilds under ListsPerMinutePerResource its
+	// rebuild buckets (resourcelists.go, about 350 bytes).
 	//
 	// At the cap a new identity is governed by its budget's shared
 	// overflow identity: every user that arrives while the engine is full
@@ -101,8 +103,10 @@ const (
 // StaleMatch).
 //
 // When several checks would reject a watch, the first in this order is the
-// Reason: stale version (it never reaches the server, so nothing else
-// matters), backoff, concurrency, tokens. A rejected request takes no
+// Reason: a watch-list refused for its resource (watchlists.go), stale
+// version (it never reaches the server, so nothing else matters), backoff,
+// concurrency, its resource's rebuilds (resourcelists.go), tokens; for a
+// list: its resource's rebuilds, then the list bucket. A rejected request takes no
 // tokens and no slot. A stale-version rejection counts as a failed watch of
 // its key (with Backoff enabled), and its RetryAfter says how long to hold
 // the local answer back: 0 the first time, at least StaleRepeatHold for a
@@ -143,6 +147,8 @@ type Engine struct {
 	// MaxTrackedKeys and MaxBackoffKeys.
 	identities, backoffKeys keyCap
 	stale                   staleMemory
+	// watchLists remembers incomplete watch-lists (watchlists.go).
+	watchLists watchListMemory
 
 	// The following are used for testing purposes.
 	//
@@ -181,6 +187,7 @@ func NewEngine(opts Options) *Engine {
 	e.identities.max = int64(opts.MaxTrackedKeys)
 	e.backoffKeys.max = int64(opts.MaxBackoffKeys)
 	e.stale.init()
+	e.watchLists.init()
 	e.current.Store(&enforced{policy: &Policy{}})
 	e.shares.Store(&sharesGen{})
 	return e
@@ -432,7 +439,13 @@ type verdict struct {
 // watch, and reports whether to call OnThrottled. id.sh.mu is held.
 func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale bool) (v verdict) {
 	watch := r.Verb == VerbWatch
+	var heldWatchList time.Duration
+	if watch && e.watchLists.tracked.Load() > 0 {
+		heldWatchList = e.watchListHeld(now, r)
+	}
 	switch {
+	case heldWatchList > 0:
+		v.reason, v.retryAfter = ReasonWatchListIncomplete, heldWatchList
 	case stale:
 		v.reason = ReasonStaleResourceVersion
 		if cfg.Enforcement != DryRun {
@@ -441,6 +454,8 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 		}
 	case watch:
 		v.reason, v.retryAfter = e.checkWatch(id, now, r, cfg)
+	case r.Verb == VerbList && cfg.Limits.ListsPerMinutePerResource > 0:
+		v.reason, v.retryAfter = e.checkList(id, now, r, cfg)
 	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now, 1):
 		v.reason, v.retryAfter = ReasonRateLimited, tokenWait(&id.list, now, 1)
 	}
@@ -485,6 +500,13 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 		id.capped = saturatingInc(id.capped)
 		return ReasonTooManyWatches, TooManyWatchesRetryAfter
 	}
+	var rb *bucket
+	if cfg.Limits.ListsPerMinutePerResource > 0 {
+		rb = e.rebuildBucket(id, now, r, cfg)
+		if reason, d := checkRebuild(rb, now); reason != ReasonNone {
+			return reason, d
+		}
+	}
 	if id.watch.limited() {
 		n := 1
 		if r.initialState() {
@@ -493,6 +515,9 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 		if !id.watch.allowN(now, n) {
 			return ReasonRateLimited, tokenWait(&id.watch, now, n)
 		}
+	}
+	if rb != nil {
+		rb.allowN(now, 1)
 	}
 	return ReasonNone, 0
 }
@@ -552,10 +577,13 @@ const (
 	idxBackingOff
 	idxStale
 	idxAggregateLimited
+	idxWatchListIncomplete
+	idxResourceListsLimited
 	numReasons
 )
 
-var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion, ReasonAggregateLimited}
+var reasonsByIndex = [numReasons]Reason{ReasonAllowed, ReasonRateLimited, ReasonTooManyWatches, ReasonBackingOff, ReasonStaleResourceVersion, ReasonAggregateLimited,
+	ReasonWatchListIncomplete, ReasonResourceListsLimited}
 
 func reasonIndex(r Reason) int {
 	switch r {
@@ -569,6 +597,10 @@ func reasonIndex(r Reason) int {
 		return idxStale
 	case ReasonAggregateLimited:
 		return idxAggregateLimited
+	case ReasonWatchListIncomplete:
+		return idxWatchListIncomplete
+	case ReasonResourceListsLimited:
+		return idxResourceListsLimited
 	}
 	return idxAllowed
 }

@@ -81,6 +81,9 @@ type identity struct {
 	// watch and list are the zero bucket when opens / lists are not
 	// limited.
 	watch, list bucket
+	// resLists are its rebuild buckets per resource (resourcelists.go);
+	// nil until it rebuilds under ListsPerMinutePerResource.
+	resLists *resourceLists
 	// backoff is per watch key, with at most
 	// Options.MaxBackoffKeysPerIdentity keys plus overflowKey; nil until a
 	// watch fails or is answered stale.
@@ -302,6 +305,9 @@ func (e *Engine) configure(id *identity, now int64, cfg *Budget) {
 	id.maxOpen = scaleCount(l.MaxConcurrentWatches, f)
 	rebucket(&id.watch, now, float64(l.WatchOpensPerMinute)*min(f, 1), scaleCount(l.WatchBurst, f))
 	rebucket(&id.list, now, float64(l.ListsPerMinute)*min(f, 1), scaleCount(l.ListBurst, f))
+	if l.ListsPerMinutePerResource == 0 {
+		id.resLists = nil
+	}
 	if cfg.Backoff.Initial == 0 {
 		for k, st := range id.backoff {
 			if st.staleAt == 0 {
@@ -339,7 +345,7 @@ func rebucket(b *bucket, now int64, perMinute float64, burst int32) {
 func (id *identity) idle(now time.Time, idleAfter time.Duration) bool {
 	return id.open == 0 && len(id.backoff) == 0 &&
 		now.UnixNano()-id.lastActive >= int64(idleAfter) &&
-		full(&id.watch, now) && full(&id.list, now)
+		full(&id.watch, now) && full(&id.list, now) && id.resLists.full(now)
 }
 
 func full(b *bucket, now time.Time) bool {

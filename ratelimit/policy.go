@@ -107,6 +107,15 @@ type Limits struct {
 	// ListBurst is the list bucket's size; at least 1 when lists are
 	// budgeted.
 	ListBurst int32
+	// ListsPerMinutePerResource refills each of the identity's rebuild
+	// buckets, one per (group, resource); 0 means rebuilds are not limited
+	// per resource. A rebuild is a LIST's first page or a watch that asks
+	// for initial state (see resourcelists.go); it takes one token of its
+	// resource's bucket besides what the list or watch bucket takes.
+	ListsPerMinutePerResource int32
+	// ListBurstPerResource is the size of each rebuild bucket; at least 1
+	// when ListsPerMinutePerResource is set.
+	ListBurstPerResource int32
 }
 
 // Backoff configures the per-watch-key exponential backoff (key: identity ×

@@ -13,9 +13,10 @@ import (
 // for the user "dreamer" so that its paths run too.
 var (
 	propertyBudget = Budget{
-		Name:          "enforced",
-		Precedence:    2,
-		Limits:        Limits{WatchOpensPerMinute: 30, WatchBurst: 4, MaxConcurrentWatches: 3, InitialStateCost: 2, ListsPerMinute: 60, ListBurst: 2},
+		Name:       "enforced",
+		Precedence: 2,
+		Limits: Limits{WatchOpensPerMinute: 30, WatchBurst: 4, MaxConcurrentWatches: 3, InitialStateCost: 2, ListsPerMinute: 60, ListBurst: 2,
+			ListsPerMinutePerResource: 30, ListBurstPerResource: 1},
 		Backoff:       Backoff{Initial: 500 * ms, Max: 8 * s, ShortWatch: s, ResetAfter: 5 * s},
 		StaleVersions: StaleVersions{Memory: 3 * s},
 	}
@@ -43,6 +44,8 @@ type admission struct {
 	cost float64
 	user string
 	w    Watch
+	// watchList: the watch asked for initial events (sendInitialEvents).
+	watchList bool
 }
 
 // runTimeline drives an engine with the operations encoded in ops (3 bytes
@@ -126,7 +129,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 			if d.Reason != "" {
 				cost = 0 // dry run: admitted without tokens
 			}
-			ad := admission{now, cost, r.User, d.Watch}
+			ad := admission{now, cost, r.User, d.Watch, r.isWatchList()}
 			open = append(open, ad)
 			openBy[r.User]++
 			if budget.Enforcement == Enforce {
@@ -149,6 +152,9 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 				outcome = OutcomeError
 			}
 			before, held := backoffOf(ad.w), heldBy(ad.w)
+			if ad.watchList {
+				e.WatchListEnded(now, ad.w, b%4 == 0)
+			}
 			e.WatchEnded(now, ad.w, lifetime, outcome)
 			ended = append(ended, ad.w)
 			if ad.user != "dreamer" {
@@ -165,7 +171,7 @@ func runTimeline(t *testing.T, ops []byte) map[Reason]int64 {
 				stale[v] = now
 			}
 		case 6: // a list
-			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: "pods"})
+			e.Decide(now, &Request{User: users[a%len(users)], Verb: VerbList, Resource: [...]string{"pods", "secrets"}[b%2], Continuation: b&4 != 0})
 		case 7: // housekeeping
 			if a%2 == 0 {
 				e.Sweep(now)

@@ -38,6 +38,9 @@ type Request struct {
 	// server answers a too old version with 410 Expired (fromVersion).
 	ResourceVersionMatch string
 	SendInitialEvents    *bool
+	// Continuation is true for a list that continues an earlier one (its
+	// query has a continue token): a further page of the same list.
+	Continuation bool
 	// QueryRefused is true when the API server refuses the request's
 	// query with 400 before its version matters (a selector or number
 	// that does not parse): it is never answered stale locally.
@@ -103,6 +106,17 @@ const (
 	// TooManyWatchesRetryAfter. The Decision's Budget is the one that
 	// carries the Aggregate.
 	ReasonAggregateLimited Reason = "AggregateLimited"
+	// ReasonWatchListIncomplete: the identity's last
+	// IncompleteWatchListLimit watch-lists of this resource ended without
+	// the bookmark that ends their initial events; its watch-lists of the
+	// resource are refused until RetryAfter has passed (see
+	// Engine.WatchListEnded). The proxy answers as an API server without
+	// watch-list support, so that the client lists and watches instead.
+	ReasonWatchListIncomplete Reason = "WatchListIncomplete"
+	// ReasonResourceListsLimited: the identity's rebuild bucket for this
+	// resource (Limits.ListsPerMinutePerResource) lacks the token;
+	// RetryAfter is the time until it holds it.
+	ReasonResourceListsLimited Reason = "ResourceListsLimited"
 
 	// ReasonAllowed is not a Decision's Reason: it is the key under which
 	// BudgetStats.Decisions counts decisions with no Reason.
@@ -116,6 +130,8 @@ var reasonTexts = map[Reason]string{
 	ReasonBackingOff:           "watches keep failing, backing off",
 	ReasonStaleResourceVersion: "resubscribing with a resourceVersion the API server declared too old",
 	ReasonAggregateLimited:     "too many watches opened on behalf of others by the impersonating caller",
+	ReasonResourceListsLimited: "too many lists of this resource",
+	ReasonWatchListIncomplete:  "watch-lists of this resource keep ending without the bookmark that ends their initial events; list, then watch",
 }
 
 // Text says, in a few words, why a request was rejected for reason r (the

@@ -56,7 +56,7 @@ func (e *Engine) Sweep(now time.Time) (evicted int) {
 	e.swapMu.Lock()
 	e.dropOrphans()
 	e.swapMu.Unlock()
-	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory)
+	return evicted + e.stale.sweep(now, a.policy.longestStaleMemory) + e.watchLists.sweep(ns, idleAfter)
 }
 
 // sweepBackoff evicts the identity's backoff keys whose delay expired at

@@ -175,6 +175,11 @@ func (b *Budget) Validate() error {
 	if l.ListsPerMinute > 0 && l.ListBurst < 1 {
 		bad("limits.listBurst", "must be >= 1 when listsPerMinute > 0")
 	}
+	between("limits.listsPerMinutePerResource", int64(l.ListsPerMinutePerResource), 0, maxRate)
+	between("limits.listBurstPerResource", int64(l.ListBurstPerResource), 0, maxRate)
+	if l.ListsPerMinutePerResource > 0 && l.ListBurstPerResource < 1 {
+		bad("limits.listBurstPerResource", "must be >= 1 when listsPerMinutePerResource > 0")
+	}
 
 	ag := b.Aggregate
 	between("aggregate.watchOpensPerMinute", int64(ag.WatchOpensPerMinute), 0, maxRate)

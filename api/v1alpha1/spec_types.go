@@ -242,6 +242,7 @@ type ResourceRule struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.watchOpensPerMinute) || self.watchOpensPerMinute == 0 || (has(self.watchBurst) && self.watchBurst >= 1)",message="watchBurst must be at least 1 when watchOpensPerMinute is set",fieldPath=".watchBurst"
 // +kubebuilder:validation:XValidation:rule="!has(self.watchOpensPerMinute) || self.watchOpensPerMinute == 0 || !has(self.watchBurst) || !has(self.initialStateCost) || self.initialStateCost <= self.watchBurst",message="initialStateCost must not exceed watchBurst, or a watch that asks for initial state could never be admitted",fieldPath=".initialStateCost"
 // +kubebuilder:validation:XValidation:rule="!has(self.listsPerMinute) || self.listsPerMinute == 0 || (has(self.listBurst) && self.listBurst >= 1)",message="listBurst must be at least 1 when listsPerMinute is set",fieldPath=".listBurst"
+// +kubebuilder:validation:XValidation:rule="!has(self.listsPerMinutePerResource) || self.listsPerMinutePerResource == 0 || (has(self.listBurstPerResource) && self.listBurstPerResource >= 1)",message="listBurstPerResource must be at least 1 when listsPerMinutePerResource is set",fieldPath=".listBurstPerResource"
 type Limits struct {
 	// watchOpensPerMinute is the rate, in watch opens per minute, at which an
 	// identity's watch bucket refills; 0 means opens are not limited. Between
@@ -299,6 +300,31 @@ type Limits struct {
 	// +kubebuilder:default=10
 	// +optional
 	ListBurst *int32 `json:"listBurst,omitempty"`
+
+	// listsPerMinutePerResource is the rate, in rebuilds per minute, at
+	// which each of an identity's rebuild buckets refills: one bucket per
+	// API group and resource. A rebuild is what a client sends to fill its
+	// cache of a resource from scratch: a LIST (its first page; the pages
+	// that continue it are free) or a watch that asks for initial state (a
+	// watch-list). A rebuild takes a token of its resource's bucket besides
+	// what the list or watch bucket takes, so that an agent that resets one
+	// resource's cache again and again runs out of that resource's tokens,
+	// not of those its other resources need. 0 means rebuilds are not
+	// limited per resource. Between 0 and 100000; default 0.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +kubebuilder:default=0
+	// +optional
+	ListsPerMinutePerResource *int32 `json:"listsPerMinutePerResource,omitempty"`
+
+	// listBurstPerResource is the size, in rebuilds, of each of an
+	// identity's rebuild buckets. Must be at least 1 when
+	// listsPerMinutePerResource is set. Between 0 and 100000; default 5.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	// +kubebuilder:default=5
+	// +optional
+	ListBurstPerResource *int32 `json:"listBurstPerResource,omitempty"`
 }
 
 // Aggregate bounds, per impersonating caller, the sum of the watches it

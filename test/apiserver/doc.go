@@ -16,6 +16,10 @@
 // CRDs to load. Env hands out admin and per-user clients,
 // service accounts with real bearer tokens (TokenRequest), and reads the API
 // server's own /metrics, so that tests can assert what reached it.
+// Env.StartAggregated registers a small aggregated API server, served from
+// the test process behind kube-apiserver's aggregator (aggregated.go), one
+// of whose resources never completes a watch-list (kubernetes#140890); it
+// counts the requests that reach it.
 //
 // For the tests that install the chart and run watchgate as its pod would
 // (test/packaging, test/image): Suite.Helm (BuildHelm) builds the pinned

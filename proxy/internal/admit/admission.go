@@ -135,7 +135,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			watchServed = true
 			a.serveWatch(w, r, c, &d, start, lead, release, next)
 		default:
-			next.ServeHTTP(w, r)
+			serveList(w, r, c, next)
 		}
 	})
 }
@@ -177,6 +177,7 @@ func (a *Admission) decide(w http.ResponseWriter, r *http.Request, c *request.Cl
 		ResourceVersionMatch: c.ResourceVersionMatch,
 		SendInitialEvents:    c.SendInitialEvents,
 		QueryRefused:         c.QueryRefused,
+		Continuation:         c.Continue,
 		Impersonated:         request.ImpersonatedFrom(r.Context()),
 	}
 	if req.Impersonated {
@@ -211,6 +212,10 @@ func (a *Admission) reject(w http.ResponseWriter, r *http.Request, c *request.Cl
 	}
 	if d.Reason == ratelimit.ReasonStaleResourceVersion && c.Verb == ratelimit.VerbWatch {
 		answer.WriteTooOld(w, r, c.ResourceVersion)
+		return
+	}
+	if d.Reason == ratelimit.ReasonWatchListIncomplete {
+		answer.WriteStatus(w, r, watchListRefused(*d))
 		return
 	}
 	answer.WriteStatus(w, r, tooManyRequests(*d))
@@ -289,6 +294,7 @@ func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	if !ws.Streaming() {
 		return
 	}
+	countWatchRebuild(c)
 	if st.RelayAtTop {
 		relayed = true
 		st.Relay = func(stream bool) {

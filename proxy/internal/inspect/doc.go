@@ -11,6 +11,9 @@
 // shares among callers. FramingFor says which streams are read at all:
 // a new stream format is added there and in Stream.
 //
+// A Sink that is also an InitialEventsEndSink is told when the bookmark
+// that ends a watch-list's initial events goes by.
+//
 // It does not copy the stream, end the watch or talk to the engine: it
 // reports events to a Sink. The relay (proxy's watchBody) is its one user.
 package inspect

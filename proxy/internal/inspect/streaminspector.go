@@ -3,6 +3,7 @@ package inspect
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +42,16 @@ type Sink interface {
 	SawError(obj runtime.Object) // an ERROR event, with its decoded object
 }
 
+// InitialEventsEndSink is a Sink that is also told when the bookmark that
+// ends a watch-list's initial events goes by: a BOOKMARK event whose
+// object carries the annotation k8s.io/initial-events-end "true"
+// (metav1.InitialEventsAnnotationKey). SawInitialEventsEnd comes before
+// that frame's SawEvent.
+type InitialEventsEndSink interface {
+	Sink
+	SawInitialEventsEnd()
+}
+
 // Stream finds the ERROR events of a watch stream as its bytes go
 // by, without decoding the others. It frames the stream itself, cheaply
 // (JSON: string and nesting state only; protobuf: the length prefix), and
@@ -61,6 +72,7 @@ type Stream struct {
 	Framing    Framing
 	serializer runtime.Serializer
 	sink       Sink
+	endSink    InitialEventsEndSink // sink, when it listens for the end of initial events
 	off        bool
 	sawFrame   bool // a whole frame went by
 
@@ -80,7 +92,8 @@ type Stream struct {
 // NewStream returns a Stream that frames a watch stream as f, decodes its
 // candidate ERROR events with s and tells sink what it finds.
 func NewStream(f Framing, s runtime.Serializer, sink Sink) *Stream {
-	return &Stream{Framing: f, serializer: s, sink: sink}
+	endSink, _ := sink.(InitialEventsEndSink)
+	return &Stream{Framing: f, serializer: s, sink: sink, endSink: endSink}
 }
 
 // frameBuffers recycles the buffers of frames cut by a chunk boundary.
@@ -167,28 +180,48 @@ func (s *Stream) frameEnded(last []byte) {
 	}
 }
 
-var errorText = []byte(string(watch.Error))
+var (
+	errorText            = []byte(string(watch.Error))
+	bookmarkText         = []byte(string(watch.Bookmark))
+	initialEventsEndText = []byte(metav1.InitialEventsAnnotationKey)
+)
 
-// event decodes frame only when it can be an ERROR event.
+// event decodes frame only when it can be an ERROR event, or, for an
+// endSink, the bookmark that ends the initial events (a frame that holds
+// the annotation's key).
 func (s *Stream) event(frame []byte) {
 	if s.Framing == LengthPrefixedFraming {
 		// The type is the frame's first field: no need to look further
 		// (an object whose data holds the text ERROR is not decoded).
 		if typ, ok := protobufEventType(frame); ok && !bytes.Equal(typ, errorText) {
+			// The API server builds a bookmark's object, metadata only:
+			// the annotation's key in a BOOKMARK frame is the annotation.
+			if s.endSink != nil && bytes.Equal(typ, bookmarkText) && bytes.Contains(frame, initialEventsEndText) {
+				s.endSink.SawInitialEventsEnd()
+			}
 			s.sink.SawEvent()
 			return
 		}
 	}
-	if !bytes.Contains(frame, errorText) && !(s.Framing == JSONFraming && escapesErrorLetter(frame)) {
+	errorCandidate := bytes.Contains(frame, errorText) || s.Framing == JSONFraming && escapesErrorLetter(frame)
+	endCandidate := s.endSink != nil && s.Framing == JSONFraming && bytes.Contains(frame, initialEventsEndText)
+	if !errorCandidate && !endCandidate {
 		s.sink.SawEvent()
 		return
 	}
 	var ev metav1.WatchEvent
 	if _, _, err := s.serializer.Decode(frame, nil, &ev); err != nil {
+		if !errorCandidate {
+			s.sink.SawEvent() // skipped, as any frame that cannot be an ERROR event
+			return
+		}
 		s.stop() // as apimachinery's decoder: an unreadable event ends inspection
 		return
 	}
 	if ev.Type != string(watch.Error) {
+		if endCandidate && ev.Type == string(watch.Bookmark) && endsInitialEvents(ev.Object.Raw) {
+			s.endSink.SawInitialEventsEnd()
+		}
 		s.sink.SawEvent()
 		return
 	}
@@ -197,6 +230,17 @@ func (s *Stream) event(frame []byte) {
 		obj = nil
 	}
 	s.sink.SawError(obj)
+}
+
+// endsInitialEvents reports whether a JSON bookmark's object carries the
+// annotation that ends a watch-list's initial events.
+func endsInitialEvents(object []byte) bool {
+	var obj struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	return json.Unmarshal(object, &obj) == nil && obj.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true"
 }
 
 // protobufEventType walks the top level of a raw protobuf WatchEvent

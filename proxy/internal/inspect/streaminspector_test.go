@@ -7,11 +7,14 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	restclientwatch "k8s.io/client-go/rest/watch"
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
@@ -165,4 +168,86 @@ func TestProtobufEventTypeIsReadWithoutDecoding(t *testing.T) {
 			}
 		})
 	}
+}
+
+// endSink records the end of initial events besides what recordingSink
+// does.
+type endSink struct {
+	recordingSink
+	ends int
+	// endsBefore is how many events had been seen when the first end came.
+	endsBefore int
+}
+
+func (s *endSink) SawInitialEventsEnd() {
+	if s.ends == 0 {
+		s.endsBefore = s.events
+	}
+	s.ends++
+}
+
+// The bookmark that ends a watch-list's initial events is recognised in
+// JSON and protobuf, whatever the chunking; an object that merely holds
+// the annotation's text, or a bookmark without it, is not that bookmark.
+func TestInspectorSeesTheEndOfInitialEvents(t *testing.T) {
+	end := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{ResourceVersion: "44", Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}},
+	}
+	plain := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "45"}}
+	mimic := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "43"},
+		Data: map[string]string{"note": metav1.InitialEventsAnnotationKey}}
+	for _, contentType := range []string{"application/json", streamtest.ProtobufWatchType} {
+		t.Run(contentType, func(t *testing.T) {
+			encode := func(events ...watch.Event) []byte {
+				mediaType, _, _ := strings.Cut(contentType, ";")
+				info, ok := k8sruntime.SerializerInfoForMediaType(clientgoscheme.Codecs.SupportedMediaTypes(), mediaType)
+				if !ok {
+					t.Fatal("no serializer")
+				}
+				var buf bytes.Buffer
+				enc := restclientwatch.NewEncoder(streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(&buf), info.StreamSerializer.Serializer),
+					clientgoscheme.Codecs.EncoderForVersion(info.Serializer, corev1.SchemeGroupVersion))
+				for i := range events {
+					if err := enc.Encode(&events[i]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return buf.Bytes()
+			}
+			complete := encode(watch.Event{Type: watch.Added, Object: mimic}, watch.Event{Type: watch.Bookmark, Object: end}, watch.Event{Type: watch.Bookmark, Object: plain})
+			incomplete := encode(watch.Event{Type: watch.Added, Object: mimic}, watch.Event{Type: watch.Bookmark, Object: plain},
+				watch.Event{Type: watch.Modified, Object: end})
+			for _, chunks := range [][]int{nil, {1}, {7, 3}} {
+				sink := &endSink{}
+				feed(t, contentType, complete, chunks, sink)
+				if sink.ends != 1 || sink.endsBefore != 1 || sink.events != 3 {
+					t.Errorf("chunks %v, complete: ends=%d after %d events, events=%d; want 1 end after 1 event, 3 events", chunks, sink.ends, sink.endsBefore, sink.events)
+				}
+				sink = &endSink{}
+				feed(t, contentType, incomplete, chunks, sink)
+				if sink.ends != 0 || sink.events != 3 {
+					t.Errorf("chunks %v, incomplete: ends=%d, events=%d; want 0 ends, 3 events", chunks, sink.ends, sink.events)
+				}
+			}
+		})
+	}
+}
+
+// feed writes data to a new Stream for sink in chunks of the given sizes.
+func feed(t *testing.T, contentType string, data []byte, chunks []int, sink Sink) {
+	t.Helper()
+	f, s, _, ok := FramingFor(contentType, "")
+	if !ok {
+		t.Fatalf("no framing for %s", contentType)
+	}
+	in := NewStream(f, s, sink)
+	for i := 0; len(data) > 0; i++ {
+		n := len(data)
+		if len(chunks) > 0 {
+			n = min(n, max(1, chunks[i%len(chunks)]))
+		}
+		in.Write(data[:n])
+		data = data[n:]
+	}
+	in.Release()
 }

@@ -58,6 +58,9 @@ type Watch struct {
 	upstreamCode atomic.Int32 // the API server's status code; 0 before it answered
 	transportErr atomic.Bool  // no answer from the API server
 	errorEvent   atomic.Bool  // an ERROR event went by
+	// initialEventsEnd: the bookmark that ends a watch-list's initial
+	// events went by.
+	initialEventsEnd atomic.Bool
 
 	body    *watchBody // set when a 200 stream starts
 	endOnce sync.Once
@@ -176,6 +179,7 @@ func (ws *Watch) End() {
 			outcome = ratelimit.OutcomeError
 		}
 		now := ws.clock.Now()
+		ws.watchListEnded(now, code)
 		ws.engine.WatchEnded(now, ws.decision.Watch, now.Sub(ws.started), outcome)
 		label := "closed"
 		switch outcome {
@@ -186,6 +190,32 @@ func (ws *Watch) End() {
 		}
 		watchesEnded.WithLabelValues(label).Inc()
 	})
+}
+
+// watchListEnded tells an engine that learns from watch-lists
+// (watchListEngine) whether this one, if it is one, sent the bookmark that
+// ends its initial events before its stream ended. A watch-list whose
+// client or the proxy cut it, that was not answered 200, or whose stream
+// was not read (CBOR, WebSocket) says nothing.
+func (ws *Watch) watchListEnded(now time.Time, code int32) {
+	e, ok := ws.engine.(watchListEngine)
+	if !ok || ws.c.SendInitialEvents == nil || !*ws.c.SendInitialEvents ||
+		code != http.StatusOK || ws.body == nil || ws.body.inspect == nil || ws.clientGone() {
+		return
+	}
+	e.WatchListEnded(now, ws.decision.Watch, ws.initialEventsEnd.Load())
+}
+
+// watchListEngine is an engine that learns whether watch-lists complete
+// (a *ratelimit.Engine).
+type watchListEngine interface {
+	WatchListEnded(now time.Time, w ratelimit.Watch, complete bool)
+}
+
+// SawInitialEventsEnd is called when the bookmark that ends a watch-list's
+// initial events goes by.
+func (ws *Watch) SawInitialEventsEnd() {
+	ws.initialEventsEnd.Store(true)
 }
 
 // settleVerdict releases the followers waiting on this watch's version, if

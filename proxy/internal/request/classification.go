@@ -37,6 +37,9 @@ type Classification struct {
 	// TimeoutSeconds is the watch timeout the client asked for; 0 when
 	// unset or malformed.
 	TimeoutSeconds int64
+	// Continue is true for a list with a continue token: a further page
+	// of a list begun earlier.
+	Continue bool
 	// QueryRefused is true when the API server refuses the query of this
 	// list or watch with 400 before looking at the version (a selector,
 	// timeoutSeconds or limit that does not parse).
@@ -103,6 +106,7 @@ func classify(f *request.RequestInfoFactory, r *http.Request, logs *sampledlog.L
 	}
 	c.SendInitialEvents = sendInitialEventsParam(q)
 	c.QueryRefused = !queryOK
+	c.Continue = q.Get("continue") != ""
 	if t, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && t > 0 {
 		c.TimeoutSeconds = t
 	}

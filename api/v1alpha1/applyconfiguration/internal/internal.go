@@ -69,7 +69,15 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
       default: 10
+    - name: listBurstPerResource
+      type:
+        scalar: numeric
+      default: 5
     - name: listsPerMinute
+      type:
+        scalar: numeric
+      default: 0
+    - name: listsPerMinutePerResource
       type:
         scalar: numeric
       default: 0

@@ -35,6 +35,21 @@ type LimitsApplyConfiguration struct {
 	// at least 1 when listsPerMinute is set. Between 0 and 100000; default
 	// 10.
 	ListBurst *int32 `json:"listBurst,omitempty"`
+	// listsPerMinutePerResource is the rate, in rebuilds per minute, at
+	// which each of an identity's rebuild buckets refills: one bucket per
+	// API group and resource. A rebuild is what a client sends to fill its
+	// cache of a resource from scratch: a LIST (its first page; the pages
+	// that continue it are free) or a watch that asks for initial state (a
+	// watch-list). A rebuild takes a token of its resource's bucket besides
+	// what the list or watch bucket takes, so that an agent that resets one
+	// resource's cache again and again runs out of that resource's tokens,
+	// not of those its other resources need. 0 means rebuilds are not
+	// limited per resource. Between 0 and 100000; default 0.
+	ListsPerMinutePerResource *int32 `json:"listsPerMinutePerResource,omitempty"`
+	// listBurstPerResource is the size, in rebuilds, of each of an
+	// identity's rebuild buckets. Must be at least 1 when
+	// listsPerMinutePerResource is set. Between 0 and 100000; default 5.
+	ListBurstPerResource *int32 `json:"listBurstPerResource,omitempty"`
 }
 
 // LimitsApplyConfiguration constructs a declarative configuration of the Limits type for use with
@@ -88,5 +103,21 @@ func (b *LimitsApplyConfiguration) WithListsPerMinute(value int32) *LimitsApplyC
 // If called multiple times, the ListBurst field is set to the value of the last call.
 func (b *LimitsApplyConfiguration) WithListBurst(value int32) *LimitsApplyConfiguration {
 	b.ListBurst = &value
+	return b
+}
+
+// WithListsPerMinutePerResource sets the ListsPerMinutePerResource field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ListsPerMinutePerResource field is set to the value of the last call.
+func (b *LimitsApplyConfiguration) WithListsPerMinutePerResource(value int32) *LimitsApplyConfiguration {
+	b.ListsPerMinutePerResource = &value
+	return b
+}
+
+// WithListBurstPerResource sets the ListBurstPerResource field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ListBurstPerResource field is set to the value of the last call.
+func (b *LimitsApplyConfiguration) WithListBurstPerResource(value int32) *LimitsApplyConfiguration {
+	b.ListBurstPerResource = &value
 	return b
 }
