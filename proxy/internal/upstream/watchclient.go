@@ -69,6 +69,11 @@ func (c *watchClient) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	addr := canonicalAddr(req.URL.Scheme, req.URL.Host)
 	for attempt := 1; ; attempt++ {
+		// A request whose context has already ended is never sent: a
+		// stream sent anyway could be answered before its cancel lands.
+		if err := req.Context().Err(); err != nil {
+			return nil, err
+		}
 		cc, err := c.reserve(req.Context(), addr)
 		if err != nil {
 			return nil, err
