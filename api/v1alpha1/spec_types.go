@@ -263,8 +263,9 @@ type Limits struct {
 	WatchBurst *int32 `json:"watchBurst,omitempty"`
 
 	// maxConcurrentWatches caps the watches an identity may hold open at
-	// once (per proxy replica); 0 means no cap. Between 0 and 100000;
-	// default 0.
+	// once; 0 means no cap. The replicas share it when budgets are shared
+	// (--share-budgets, the default with leader election); otherwise each
+	// replica applies it alone. Between 0 and 100000; default 0.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100000
 	// +kubebuilder:default=0

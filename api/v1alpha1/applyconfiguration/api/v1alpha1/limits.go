@@ -17,8 +17,9 @@ type LimitsApplyConfiguration struct {
 	// 1 when watchOpensPerMinute is set. Between 0 and 100000; default 30.
 	WatchBurst *int32 `json:"watchBurst,omitempty"`
 	// maxConcurrentWatches caps the watches an identity may hold open at
-	// once (per proxy replica); 0 means no cap. Between 0 and 100000;
-	// default 0.
+	// once; 0 means no cap. The replicas share it when budgets are shared
+	// (--share-budgets, the default with leader election); otherwise each
+	// replica applies it alone. Between 0 and 100000; default 0.
 	MaxConcurrentWatches *int32 `json:"maxConcurrentWatches,omitempty"`
 	// initialStateCost is the number of tokens, from the watch bucket, that
 	// a watch asking for initial state takes (sendInitialEvents=true, or no
