@@ -75,3 +75,12 @@ func count(n float64, one, many string) string {
 	}
 	return fmt.Sprintf("%.0f %s", n, many)
 }
+
+// share prints part ÷ whole as a fraction "1/n" (n rounded), or "1/∞"
+// when part is 0.
+func share(part, whole float64) string {
+	if part <= 0 {
+		return "1/∞"
+	}
+	return fmt.Sprintf("1/%.0f", whole/part)
+}

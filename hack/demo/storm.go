@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,7 +102,10 @@ func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config,
 				attempts.Add(1)
 				key := "error"
 				switch {
+				case errors.Is(err, context.DeadlineExceeded):
+					key = "no-answer-in-5s"
 				case err != nil:
+					key = "error(" + errorTail(err) + ")"
 				case a.HTTPStatus == http.StatusOK && a.Code == http.StatusGone:
 					key = "200+410"
 				default:
@@ -135,4 +140,14 @@ func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config,
 		r.proxyCPU = (proxyAfter - proxyBefore).Seconds()
 	}
 	return r, nil
+}
+
+// errorTail is the last part of err's message (after its last ": "), at
+// most 40 bytes, so that errors of one kind count under one answer.
+func errorTail(err error) string {
+	m := err.Error()
+	if i := strings.LastIndex(m, ": "); i >= 0 {
+		m = m[i+2:]
+	}
+	return m[:min(len(m), 40)]
 }

@@ -18,13 +18,24 @@ import (
 	"time"
 )
 
-// watchesPerClient is how many watches one loadclient process holds, and
+// defaultWatchesPerClient is how many watches one loadclient process
+// holds at most (LOAD_CLIENT_WATCHES sets another: a few hundred runs
+// the fleet of several processes at a small LOAD_WATCHES), and
 // clientStreamsPerConnection how many it puts on one HTTP/2 connection (the
-// proxies allow 1,000).
+// proxies allow 1,000). At 100,000 watches that is 8 processes of 25
+// connections each: no process nears its file limit, and the 200
+// connections leave the loopback's ephemeral ports alone.
 const (
-	watchesPerClient           = 12500
+	defaultWatchesPerClient    = 12500
 	clientStreamsPerConnection = 500
 )
+
+// fleetSize is how many loadclient processes hold n watches, at most
+// perClient each, and how many each holds.
+func fleetSize(n, perClient int) (procs, per int) {
+	procs = max(1, (n+perClient-1)/perClient)
+	return procs, (n + procs - 1) / procs
+}
 
 // fleet is the load client: several loadclient processes
 // (testdata/loadclient), each holding its share of the watches over its own
@@ -56,8 +67,7 @@ func startFleet(t *testing.T, bin, url string, n int, shape clientShape) *fleet 
 	if err := os.WriteFile(tokenFile, []byte(shape.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	procs := max(1, (n+watchesPerClient-1)/watchesPerClient)
-	per := (n + procs - 1) / procs
+	procs, per := fleetSize(n, envInt("LOAD_CLIENT_WATCHES", defaultWatchesPerClient))
 	f := &fleet{}
 	t.Cleanup(f.stop)
 	for i := range procs {
