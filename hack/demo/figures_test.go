@@ -110,6 +110,7 @@ func TestShare(t *testing.T) {
 		{0.5, 10, "1/20"},
 		{0.26, 1.2, "1/5"},
 		{0, 3, "1/∞"},
+		{2.42, 1.0, "2.4×"},
 	} {
 		if got := share(tc.part, tc.whole); got != tc.want {
 			t.Errorf("share(%v, %v) = %q, want %q", tc.part, tc.whole, got, tc.want)
