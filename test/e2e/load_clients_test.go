@@ -270,3 +270,20 @@ func refusalText(r map[string]int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// fleetSize splits watches over as few processes as hold them, evenly:
+// LOAD_CLIENT_WATCHES=500 runs 2,000 watches in 4 processes, and 100,000
+// take 8 at the default.
+func TestFleetSize(t *testing.T) {
+	for _, tc := range []struct{ n, perClient, procs, per int }{
+		{2000, 500, 4, 500},
+		{100000, defaultWatchesPerClient, 8, 12500},
+		{10000, defaultWatchesPerClient, 1, 10000},
+		{25001, defaultWatchesPerClient, 3, 8334},
+		{0, defaultWatchesPerClient, 1, 0},
+	} {
+		if procs, per := fleetSize(tc.n, tc.perClient); procs != tc.procs || per != tc.per || procs*per < tc.n {
+			t.Errorf("fleetSize(%d, %d) = %d processes of %d, want %d of %d", tc.n, tc.perClient, procs, per, tc.procs, tc.per)
+		}
+	}
+}
