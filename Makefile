@@ -111,9 +111,10 @@ LOAD_EVENTS ?= 1000
 LOAD_EVENT_TIME ?= 60s
 LOAD_EVENT_ROUNDS ?= 20
 LOAD_PROFILE_DIR ?=
+LOAD_CLIENT_WATCHES ?= 12500
 .PHONY: load
-load: build ## Load run (~10 min at 10,000 watches, ~15 at LOAD_WATCHES=50000; not in `make test`): watchgate vs a bare proxy side by side, opening, idle and event delivery; a 1 GiB replica held at LOAD_HOLD_WATCHES; profiles into LOAD_PROFILE_DIR; writes BENCHMARKS.md.
-	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets LOAD_WATCHES=$(LOAD_WATCHES) LOAD_HOLD=$(LOAD_HOLD) \
+load: build ## Load run (~10 min at 10,000 watches, ~15 at LOAD_WATCHES=50000; not in `make test`): watchgate vs a bare proxy side by side, opening, idle and event delivery; a 1 GiB replica held at LOAD_HOLD_WATCHES; profiles into LOAD_PROFILE_DIR; writes BENCHMARKS.md. LOAD_CLIENT_WATCHES: watches per client process (12,500; a few hundred runs several processes at a small LOAD_WATCHES).
+	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets LOAD_WATCHES=$(LOAD_WATCHES) LOAD_HOLD=$(LOAD_HOLD) LOAD_CLIENT_WATCHES=$(LOAD_CLIENT_WATCHES) \
 		LOAD_HOLD_WATCHES=$(LOAD_HOLD_WATCHES) LOAD_EVENTS=$(LOAD_EVENTS) LOAD_EVENT_TIME=$(LOAD_EVENT_TIME) LOAD_EVENT_ROUNDS=$(LOAD_EVENT_ROUNDS) LOAD_PROFILE_DIR=$(if $(LOAD_PROFILE_DIR),$(abspath $(LOAD_PROFILE_DIR))) \
 		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 90m -run '^TestLoad$$' -v ./test/e2e/
 
@@ -143,6 +144,9 @@ docker-build: ## Build the same image with a Docker engine (buildx), for the eng
 	docker buildx build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
 		--build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) -t $(IMAGE):$(VERSION) .
 
+DEMO_CLIENTS ?= 20
+DEMO_STORM ?= 10s
+DEMO_FLAGS ?=
 .PHONY: demo
-demo: ## Build everything, start a local control plane, put watchgate in front, show a storm being stopped.
-	@hack/demo.sh
+demo: ## Build everything, start a local control plane, put watchgate in front, show a storm being stopped. DEMO_CLIENTS=1000 storms with 1,000 clients (1-2000, default 20), DEMO_STORM each storm's length (1s-1m, default 10s); DEMO_FLAGS=--cpuprofile=/tmp/wg.cpu profiles watchgate over its storm.
+	@hack/demo.sh --clients $(DEMO_CLIENTS) --storm $(DEMO_STORM) $(DEMO_FLAGS)

@@ -75,3 +75,15 @@ func count(n float64, one, many string) string {
 	}
 	return fmt.Sprintf("%.0f %s", n, many)
 }
+
+// share prints part ÷ whole as a fraction "1/n" (n rounded) when part is
+// at most whole, "1/∞" when part is 0, and "2.4×" when part is larger.
+func share(part, whole float64) string {
+	switch {
+	case part <= 0:
+		return "1/∞"
+	case part > whole:
+		return fmt.Sprintf("%.1f×", part/whole)
+	}
+	return fmt.Sprintf("1/%.0f", whole/part)
+}

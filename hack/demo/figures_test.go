@@ -101,3 +101,19 @@ func TestCount(t *testing.T) {
 		}
 	}
 }
+
+func TestShare(t *testing.T) {
+	for _, tc := range []struct {
+		part, whole float64
+		want        string
+	}{
+		{0.5, 10, "1/20"},
+		{0.26, 1.2, "1/5"},
+		{0, 3, "1/∞"},
+		{2.42, 1.0, "2.4×"},
+	} {
+		if got := share(tc.part, tc.whole); got != tc.want {
+			t.Errorf("share(%v, %v) = %q, want %q", tc.part, tc.whole, got, tc.want)
+		}
+	}
+}

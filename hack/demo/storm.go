@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,12 +57,24 @@ func (r stormResult) print() {
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 
 // runStorm runs clients that do what the seed's dashboard did — watch from
-// rv, read until the stream ends, re-subscribe at once with the same rv —
+// rv, read until the stream ends, re-subscribe at once with the same rv,
+// 100 clients to a connection (stormClients) —
 // while a well-behaved client (good) does its work through the same path
 // and a sampler records the API server's upstream WATCH rate. With 0
 // clients it measures the quiet baseline: the well-behaved client alone.
 // proxyPID, when not 0, is watchgate's process, whose CPU time is counted.
 func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config, path, rv string, clients int, d time.Duration, proxyPID int) (stormResult, error) {
+	var stormers []stormClient
+	if clients > 0 {
+		var err error
+		if stormers, err = stormClients(storm, clients); err != nil {
+			return stormResult{}, err
+		}
+		defer closeStormClients(stormers)
+		if err := connect(ctx, stormers); err != nil {
+			return stormResult{}, err
+		}
+	}
 	before, err := env.WatchRequests(ctx, "", "configmaps")
 	if err != nil {
 		return stormResult{}, err
@@ -88,23 +102,26 @@ func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config,
 	wg.Add(2)
 	go func() { defer wg.Done(); sampled = sampleWatchRequests(stormCtx, env, 250*time.Millisecond) }()
 	go func() { defer wg.Done(); wbRes, wbErr = runWellBehaved(stormCtx, good, "demo") }()
-	for range clients {
+	for _, c := range stormers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for stormCtx.Err() == nil {
-				a, err := apiserver.WatchFor(stormCtx, storm, path, rv, 5*time.Second)
+				a, err := c.watch(stormCtx, path, rv, 5*time.Second)
 				if stormCtx.Err() != nil {
 					return
 				}
 				attempts.Add(1)
-				key := "error"
+				var key string
 				switch {
+				case errors.Is(err, context.DeadlineExceeded):
+					key = "no-answer-in-5s"
 				case err != nil:
-				case a.HTTPStatus == http.StatusOK && a.Code == http.StatusGone:
+					key = "error(" + errorTail(err) + ")"
+				case a.httpStatus == http.StatusOK && a.code == http.StatusGone:
 					key = "200+410"
 				default:
-					key = fmt.Sprint(a.HTTPStatus)
+					key = fmt.Sprint(a.httpStatus)
 				}
 				mu.Lock()
 				answers[key]++
@@ -135,4 +152,14 @@ func runStorm(ctx context.Context, env *apiserver.Env, storm, good *rest.Config,
 		r.proxyCPU = (proxyAfter - proxyBefore).Seconds()
 	}
 	return r, nil
+}
+
+// errorTail is the last part of err's message (after its last ": "), at
+// most 40 bytes, so that errors of one kind count under one answer.
+func errorTail(err error) string {
+	m := err.Error()
+	if i := strings.LastIndex(m, ": "); i >= 0 {
+		m = m[i+2:]
+	}
+	return m[:min(len(m), 40)]
 }

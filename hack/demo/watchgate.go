@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 type watchgate struct {
 	cmd                  *exec.Cmd
 	proxyURL, metricsURL string
+	pprofURL             string // its /debug/pprof/ server
 	done                 chan struct{}
 }
 
@@ -24,7 +26,7 @@ type watchgate struct {
 const podName = "watchgate-demo-0"
 
 func startWatchgate(ctx context.Context, binary, kubeconfig string) (*watchgate, error) {
-	var addrs [3]string
+	var addrs [4]string
 	for i := range addrs {
 		a, err := apiserver.FreeAddr()
 		if err != nil {
@@ -33,7 +35,7 @@ func startWatchgate(ctx context.Context, binary, kubeconfig string) (*watchgate,
 		addrs[i] = a
 	}
 	cmd := exec.Command(binary, "--kubeconfig", kubeconfig,
-		"--proxy-bind-address", addrs[0], "--metrics-bind-address", addrs[1], "--metrics-secure=false", "--health-probe-bind-address", addrs[2],
+		"--proxy-bind-address", addrs[0], "--metrics-bind-address", addrs[1], "--metrics-secure=false", "--health-probe-bind-address", addrs[2], "--pprof-bind-address", addrs[3],
 		"--pod-name", podName, "--shutdown-grace-period", "1s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // never outlive the demo
 	logs, err := os.Create(filepath.Join(os.TempDir(), "watchgate-demo.log"))
@@ -44,7 +46,8 @@ func startWatchgate(ctx context.Context, binary, kubeconfig string) (*watchgate,
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (run `make build`): %w", binary, err)
 	}
-	w := &watchgate{cmd: cmd, proxyURL: "https://" + addrs[0], metricsURL: "http://" + addrs[1] + "/metrics", done: make(chan struct{})}
+	w := &watchgate{cmd: cmd, proxyURL: "https://" + addrs[0], metricsURL: "http://" + addrs[1] + "/metrics", pprofURL: "http://" + addrs[3] + "/debug/pprof/",
+		done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); logs.Close(); close(w.done) }()
 	fmt.Println("    logs:", logs.Name())
 	deadline := time.Now().Add(60 * time.Second)
@@ -79,4 +82,29 @@ func (w *watchgate) stop() {
 		_ = w.cmd.Process.Kill()
 		<-w.done
 	}
+}
+
+// profileCPU saves a CPU profile of watchgate over d into file.
+func (w *watchgate) profileCPU(ctx context.Context, d time.Duration, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%sprofile?seconds=%d", w.pprofURL, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: d + 30*time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("CPU profile: HTTP %d", resp.StatusCode)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -18,13 +18,24 @@ import (
 	"time"
 )
 
-// watchesPerClient is how many watches one loadclient process holds, and
+// defaultWatchesPerClient is how many watches one loadclient process
+// holds at most (LOAD_CLIENT_WATCHES sets another: a few hundred runs
+// the fleet of several processes at a small LOAD_WATCHES), and
 // clientStreamsPerConnection how many it puts on one HTTP/2 connection (the
-// proxies allow 1,000).
+// proxies allow 1,000). At 100,000 watches that is 8 processes of 25
+// connections each: no process nears its file limit, and the 200
+// connections leave the loopback's ephemeral ports alone.
 const (
-	watchesPerClient           = 12500
+	defaultWatchesPerClient    = 12500
 	clientStreamsPerConnection = 500
 )
+
+// fleetSize is how many loadclient processes hold n watches, at most
+// perClient each, and how many each holds.
+func fleetSize(n, perClient int) (procs, per int) {
+	procs = max(1, (n+perClient-1)/perClient)
+	return procs, (n + procs - 1) / procs
+}
 
 // fleet is the load client: several loadclient processes
 // (testdata/loadclient), each holding its share of the watches over its own
@@ -56,8 +67,7 @@ func startFleet(t *testing.T, bin, url string, n int, shape clientShape) *fleet 
 	if err := os.WriteFile(tokenFile, []byte(shape.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	procs := max(1, (n+watchesPerClient-1)/watchesPerClient)
-	per := (n + procs - 1) / procs
+	procs, per := fleetSize(n, envInt("LOAD_CLIENT_WATCHES", defaultWatchesPerClient))
 	f := &fleet{}
 	t.Cleanup(f.stop)
 	for i := range procs {
@@ -259,4 +269,21 @@ func refusalText(r map[string]int) string {
 		parts = append(parts, fmt.Sprintf("%s × %d", k, r[k]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// fleetSize splits watches over as few processes as hold them, evenly:
+// LOAD_CLIENT_WATCHES=500 runs 2,000 watches in 4 processes, and 100,000
+// take 8 at the default.
+func TestFleetSize(t *testing.T) {
+	for _, tc := range []struct{ n, perClient, procs, per int }{
+		{2000, 500, 4, 500},
+		{100000, defaultWatchesPerClient, 8, 12500},
+		{10000, defaultWatchesPerClient, 1, 10000},
+		{25001, defaultWatchesPerClient, 3, 8334},
+		{0, defaultWatchesPerClient, 1, 0},
+	} {
+		if procs, per := fleetSize(tc.n, tc.perClient); procs != tc.procs || per != tc.per || procs*per < tc.n {
+			t.Errorf("fleetSize(%d, %d) = %d processes of %d, want %d of %d", tc.n, tc.perClient, procs, per, tc.procs, tc.per)
+		}
+	}
 }

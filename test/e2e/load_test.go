@@ -20,8 +20,9 @@ import (
 // httputil.ReverseProxy (testdata/bareproxy) in front of a dedicated
 // control plane, loopback only, every phase bounded in count and time. The
 // load client is one or more loadclient processes (testdata/loadclient, at
-// most 12,500 watches each, 500 per HTTP/2 connection), as one agent: one
-// service account, one budget with limits the load never reaches.
+// most LOAD_CLIENT_WATCHES (12,500) watches each, 500 per HTTP/2
+// connection), as one agent: one service account, one budget with limits
+// the load never reaches.
 //
 //  0. Warm-up: LOAD_WATCHES straight to the API server, opened and closed,
 //     on each path's ConfigMaps.
@@ -109,7 +110,10 @@ func TestLoad(t *testing.T) {
 	// One budget governs the load identity, with limits the load never
 	// reaches and no backoff: the engine decides and tracks every watch,
 	// and a few failed opens (an identity's watches beyond its 64 backoff
-	// keys share one) do not turn the rest away.
+	// keys share one) do not turn the rest away. 100,000 is the most a
+	// budget allows: at LOAD_WATCHES=100000 a replica's opening takes the
+	// whole burst, which has refilled by its next opening (the other
+	// paths open and rest in between, over a minute).
 	budget := (`{"apiVersion":"watchgate.io/v1alpha1","kind":"WatchBudget","metadata":{"name":"load"},
 "spec":{"precedence":10,"enforcement":"Enforce","limits":{"watchOpensPerMinute":100000,"watchBurst":100000,"maxConcurrentWatches":100000},
 "backoff":{"initialDelaySeconds":0}}}`)

@@ -35,9 +35,19 @@ const (
 	maxPendingGzipBytes = MaxInspectedFrameBytes
 	// maxHeldGzipBytes caps the compressed bytes of the last member one
 	// stream holds uninflated, in case it turns out to be the stream's
-	// last (a watch-list's bookmark or event is a few hundred bytes to a
-	// few KiB); a larger member is inflated at once.
-	maxHeldGzipBytes = 64 << 10
+	// last: a watch-list's bookmark or event is a few hundred bytes to a
+	// few KiB, the backlog kube-apiserver flushes at once in a replay up
+	// to hundreds of KiB (2 to 95 KiB for 3,000 small ConfigMaps). A larger
+	// member is inflated at once; so is a member past the budget.
+	maxHeldGzipBytes = 1 << 20
+	// maxWholeFirstBytes is how much of a member the inspector inflates
+	// before its first frame is seen, and after it before it stops at the
+	// next frame start (16 KiB, a dozen watch events): the first member of a stream is inflated
+	// whole when it is no larger, which shows that the stream's members
+	// end at frame ends, and only to a frame start past its first frame
+	// otherwise (the rest of it is inflated only if the stream ends with
+	// it).
+	maxWholeFirstBytes = 16 << 10
 	// maxHeldGzipBytesTotal caps those bytes across all streams: 32 MiB,
 	// about 25,000 watch-lists idle after their replay; past it members
 	// are inflated at once.
@@ -60,7 +70,9 @@ const (
 // went by. kube-apiserver's ERROR events are terminal: it sends one and
 // closes the stream. So the inspector inflates every member until the
 // inspector has seen a frame and the stream is at a member end
-// kube-apiserver's way (gzipMemberEnd) and at a frame start; from then on
+// kube-apiserver's way (gzipMemberEnd) and at a frame start, or, inside a
+// member that inflates to more than maxWholeFirstBytes (a replay's first
+// backlog), at the first frame start after a frame (a cut); from then on
 // it defers: of each read it keeps only the last complete member
 // (compressed, in a buffer of its size) and drops it uninflated when more
 // of the stream comes, for a member followed by more data cannot hold the
@@ -68,11 +80,14 @@ const (
 // inflated and shown. kube-apiserver flushes, and so ends members, only
 // between events: the member held starts a frame, as the inspector,
 // which has seen nothing since it started deferring at a frame start,
-// expects. A member is held within bounds: at most
+// expects; when deferring began inside a member, that member, if it is
+// the one held at the end, is shown from where the inspector stopped.
+// A member is held within bounds: at most
 // maxHeldGzipBytes per stream and heldGzipBudget across all streams, an
 // eighth of it per caller; past
 // either, it is inflated at once. A watch idle after its replay holds its
-// last member, a bookmark or an event: a few hundred bytes to a few KiB.
+// last member, a bookmark or an event (a few hundred bytes to a few KiB)
+// or the backlog flushed with the bookmark (tens of KiB).
 //
 // While deferring, a member's start is only where the member before it
 // seemed to end, and a tenant's object bytes can pass raw through deflate
@@ -97,7 +112,11 @@ const (
 // Members that end otherwise (another encoder) are never deferred: they
 // are inflated as far as they have come, and again from their start when
 // the bytes kept have doubled since the last try (so at most about twice
-// over) or the stream ends. The bytes of a member already shown to the
+// over) or the stream ends. A cut comes before the member's end is seen:
+// when no end kube-apiserver's way follows it within maxPendingGzipBytes,
+// deferring ends (undefer) and the member is inflated from where the
+// inspector stopped, as are those after it; when the stream ends first, so
+// is what came of it. The bytes of a member already shown to the
 // inspector are not shown again. compress/gzip cannot resume once it ran
 // out of input, which is why it inflates again rather than carrying on;
 // in return no inflater is held between reads (they are pooled), and no
@@ -109,6 +128,9 @@ type Gzip struct {
 	off  bool
 	// deferring: only the last member of the stream is inflated.
 	deferring bool
+	// otherEnds: a member inflated whole did not end kube-apiserver's
+	// way; deferring then begins only at a member end.
+	otherEnds bool
 
 	// pending holds the compressed bytes from the start of a member that
 	// continues in the next read; nil when reads end at member ends.
@@ -118,10 +140,16 @@ type Gzip struct {
 	// (the last try). Unused while deferring.
 	shown int
 	tried int
+	// partial is how many inflated bytes of the member at pending's start
+	// the inspector has seen when deferring began inside that member; 0
+	// once a member end follows.
+	partial int
 	// held is the last complete member while deferring; its capacity is
-	// taken from budget while it is not nil.
-	held   []byte
-	budget *SharedBytes
+	// taken from budget while it is not nil. The inspector has seen the
+	// first heldSkip of its inflated bytes.
+	held     []byte
+	heldSkip int
+	budget   *SharedBytes
 	// caller is whose share of budget held is taken from.
 	caller string
 	// inflated counts the bytes inflated for this stream, including those
@@ -162,27 +190,27 @@ var gzipMagic = []byte{0x1f, 0x8b}
 // none. Compressed data may hold the same bytes by chance: the inflater
 // then finds the member incomplete, and nothing is lost but the try. Only
 // the bytes that can hold such an end are searched, so a member that
-// arrives in many reads costs one pass over its bytes, not one per read.
+// arrives in many reads costs one pass over its bytes, not one per read;
+// the pass is bytes.Index's (vectorised), forwards.
 func lastMemberEnd(b []byte, from int) int {
-	lo := max(0, from-len(gzipMemberEnd)-8+1)
-	for hi := len(b); ; {
-		i := bytes.LastIndex(b[lo:hi], gzipMemberEnd)
-		if i < 0 {
-			return 0
+	last := 0
+	for i := max(0, from-len(gzipMemberEnd)-8+1); i < len(b); i++ {
+		j := bytes.Index(b[i:], gzipMemberEnd)
+		if j < 0 {
+			break
 		}
-		i += lo
+		i += j
 		end := i + len(gzipMemberEnd) + 8
-		if end <= from {
-			return 0
+		if end > len(b) {
+			break // so do the ends of any later ones
 		}
-		switch {
-		case end == len(b),
-			end+1 == len(b) && b[end] == gzipMagic[0],
-			end+1 < len(b) && b[end] == gzipMagic[0] && b[end+1] == gzipMagic[1]:
-			return end
+		if end > from && (end == len(b) ||
+			end+1 == len(b) && b[end] == gzipMagic[0] ||
+			b[end] == gzipMagic[0] && b[end+1] == gzipMagic[1]) {
+			last = end
 		}
-		hi = i + len(gzipMemberEnd) - 1 // an earlier one, perhaps overlapping
 	}
+	return last
 }
 
 // write inspects the next compressed chunk of the stream; p is not
@@ -202,8 +230,14 @@ func (g *Gzip) Write(p []byte) {
 		if limit == 0 {
 			limit = len(p) // not a member end kube-apiserver's way: inflate what there is
 		}
-		n, shown, ok := g.inflate(p[:limit], 0)
-		if !ok {
+		// A read too large to keep is inflated as it comes.
+		n, shown, ok, cut := g.inflate(p[:limit], 0, len(p) <= maxPendingGzipBytes)
+		switch {
+		case !ok:
+			return
+		case cut:
+			g.keep(p[n:], 0, 0)
+			g.deferInside(shown)
 			return
 		}
 		if n < len(p) {
@@ -237,6 +271,31 @@ func (g *Gzip) deferFrom(atEnd bool) {
 	}
 }
 
+// deferInside starts deferring inside the member that pending starts,
+// of which the inspector has seen shown inflated bytes and stands at a
+// frame start.
+func (g *Gzip) deferInside(shown int) {
+	if g.off {
+		return
+	}
+	g.deferring, g.partial = true, shown
+	g.shown, g.tried = 0, 0
+	g.scan(*g.pending, 0)
+}
+
+// undefer stops deferring when the member deferring began in has not ended
+// kube-apiserver's way within maxPendingGzipBytes (another encoder): the
+// bytes kept are inflated from where the inspector stopped, as before
+// deferring, and so is p.
+func (g *Gzip) undefer(p []byte) {
+	g.deferring, g.otherEnds = false, true
+	g.shown, g.tried, g.partial = g.partial, 0, 0
+	g.retry(len(*g.pending))
+	if !g.off {
+		g.Write(p)
+	}
+}
+
 // writeDeferred drops the member held (more of the stream came), and holds
 // the last member that ends in this read, if any; bytes after it are kept
 // as pending, from that member's end.
@@ -248,6 +307,10 @@ func (g *Gzip) writeDeferred(p []byte) {
 	b, from := p, 0
 	if g.pending != nil {
 		if len(*g.pending)+len(p) > maxPendingGzipBytes {
+			if g.partial > 0 {
+				g.undefer(p)
+				return
+			}
 			g.stop(stopBound)
 			return
 		}
@@ -256,16 +319,29 @@ func (g *Gzip) writeDeferred(p []byte) {
 		*g.pending = append(*g.pending, p...)
 		b = *g.pending
 	}
+	g.scan(b, from)
+}
+
+// scan holds the last member of b (pending, or a read when nothing is
+// pending) that ends after from, if any, and keeps the bytes after it as
+// pending, from that member's end.
+func (g *Gzip) scan(b []byte, from int) {
 	end := lastMemberEnd(b, from)
 	if end == 0 {
 		if g.pending == nil {
-			g.keep(p, 0, 0)
+			g.keep(b, 0, 0)
 		}
 		return
 	}
 	// The last member starts where the one before it ends, or where b
-	// starts: at a member end too.
-	start := lastMemberEnd(b[:end-1], 0)
+	// starts: at a member end too, or where deferring began.
+	// Ends up to from were judged before: none is in b.
+	start := lastMemberEnd(b[:end-1], from)
+	g.heldSkip = 0
+	if start == 0 {
+		g.heldSkip = g.partial
+	}
+	g.partial = 0
 	gzipSkippedBytes.Add(float64(start))
 	g.hold(b[start:end])
 	if g.off {
@@ -288,7 +364,7 @@ func (g *Gzip) hold(m []byte) {
 	if c := cap(g.held); c < len(m) || c > 4*len(m) {
 		g.releaseHeld()
 		if len(m) > maxHeldGzipBytes || !g.budget.take(g.caller, len(m)) {
-			g.inflateMember(m)
+			g.inflateMember(m, g.heldSkip)
 			return
 		}
 		g.held = make([]byte, 0, len(m))
@@ -297,7 +373,8 @@ func (g *Gzip) hold(m []byte) {
 }
 
 // Finish is told that the stream ended: the member held, or a member still
-// kept before deferring, is inflated and shown. Bytes kept after the
+// kept before deferring, or the rest of the member deferring began in when
+// no member end followed it, is inflated and shown. Bytes kept after the
 // member held (a member the stream cut) are not: their start is not
 // certain and they cannot be checked whole.
 func (g *Gzip) Finish() {
@@ -306,7 +383,13 @@ func (g *Gzip) Finish() {
 		case g.deferring && len(g.held) > 0:
 			m := g.held
 			g.held = g.held[:0]
-			g.inflateMember(m)
+			g.inflateMember(m, g.heldSkip)
+		case g.deferring && g.partial > 0 && g.pending != nil:
+			// A member that never ended kube-apiserver's way: its start is
+			// certain, as far as it came.
+			skip := g.partial
+			g.partial = 0
+			g.inflate(*g.pending, skip, false)
 		case !g.deferring && g.pending != nil && len(*g.pending) > g.tried:
 			g.retry(len(*g.pending))
 		}
@@ -314,13 +397,14 @@ func (g *Gzip) Finish() {
 	g.Release()
 }
 
-// inflateMember shows the inspector the inflated bytes of m only once it
+// inflateMember shows the inspector the inflated bytes of m past its first
+// skip (shown before) only once it
 // has found that m is exactly one valid gzip member: it inflates m and
 // checks its header, CRC-32 and size and that it ends exactly at m's end,
 // then shows what it inflated: kept meanwhile when it is at most
 // maxCollectedBytes (a watch event), inflated again otherwise. A member
 // that is not is not shown, and inspection of the stream ends.
-func (g *Gzip) inflateMember(m []byte) {
+func (g *Gzip) inflateMember(m []byte, skip int) {
 	gzipInflatedBytes.Add(float64(len(m)))
 	zr := gzipReaders.Get().(*gzip.Reader)
 	out := inflatedBuffers.Get().(*[]byte)
@@ -349,8 +433,8 @@ func (g *Gzip) inflateMember(m []byte) {
 				g.inflated > MaxInflatedBytesPerStream {
 				err = errInflationBound
 			}
-			if collecting = collecting && member <= maxCollectedBytes; collecting {
-				collected = append(collected, (*out)[:k]...)
+			if collecting = collecting && member-skip <= maxCollectedBytes; collecting && member > skip {
+				collected = append(collected, (*out)[max(0, k-(member-skip)):k]...)
 			}
 		}
 	}
@@ -369,7 +453,7 @@ func (g *Gzip) inflateMember(m []byte) {
 		}
 		return
 	}
-	if n, _, ok := g.inflate(m, 0); ok && n != len(m) {
+	if n, _, ok, _ := g.inflate(m, skip, false); ok && n != len(m) {
 		g.stop(stopUnverified)
 	}
 }
@@ -384,8 +468,13 @@ var errInflationBound = errors.New("inflation bound reached")
 // keeps the rest.
 func (g *Gzip) retry(limit int) {
 	b := *g.pending
-	n, shown, ok := g.inflate(b[:limit], g.shown)
-	if !ok {
+	n, shown, ok, cut := g.inflate(b[:limit], g.shown, true)
+	switch {
+	case !ok:
+		return
+	case cut:
+		*g.pending = b[:copy(b, b[n:])]
+		g.deferInside(shown)
 		return
 	}
 	if n == len(b) {
@@ -418,7 +507,10 @@ func (g *Gzip) keep(rest []byte, shown, tried int) {
 // returns how many bytes of b the complete members took and how many
 // inflated bytes of the incomplete member after them the inspector has
 // seen; ok is false when inspection stopped (corrupt data or a bound).
-func (g *Gzip) inflate(b []byte, skip int) (n, shown int, ok bool) {
+// With mayCut, before deferring, in a member past maxWholeFirstBytes, it
+// stops at the first frame start after a frame (cut): n is then where that
+// member starts and shown how much of it the inspector saw.
+func (g *Gzip) inflate(b []byte, skip int, mayCut bool) (n, shown int, ok, cut bool) {
 	zr := gzipReaders.Get().(*gzip.Reader)
 	defer gzipReaders.Put(zr)
 	out := inflatedBuffers.Get().(*[]byte)
@@ -432,24 +524,33 @@ func (g *Gzip) inflate(b []byte, skip int) (n, shown int, ok bool) {
 		if err == nil {
 			zr.Multistream(false)
 			for err == nil {
+				// Before a cut, inflate in small steps: each step's bytes
+				// are inflated whole.
+				buf := *out
+				if mayCut && !g.deferring && !g.otherEnds {
+					buf = buf[:4<<10]
+				}
 				var k int
-				k, err = zr.Read(*out)
+				k, err = zr.Read(buf)
 				member += k
 				thisRead += k
 				g.inflated += int64(k)
 				if member > maxInflationRatio*(len(b)-n)+maxInflationSlack ||
 					thisRead > maxInflatedBytesPerRead || g.inflated > MaxInflatedBytesPerStream {
 					g.stop(stopBound)
-					return 0, 0, false
+					return 0, 0, false, false
 				}
-				if show := (*out)[:k]; member > skip {
+				if show := buf[:k]; member > skip {
 					if len(show) > member-skip {
 						show = show[len(show)-(member-skip):]
 					}
-					g.next.Write(show)
+					used, atCut := g.show(show, mayCut && !g.deferring && !g.otherEnds && member > maxWholeFirstBytes)
 					if g.next.off {
 						g.stop("") // the inspector stopped
-						return 0, 0, false
+						return 0, 0, false, false
+					}
+					if atCut {
+						return n, member - (len(show) - used), true, true
 					}
 				}
 			}
@@ -458,14 +559,53 @@ func (g *Gzip) inflate(b []byte, skip int) (n, shown int, ok bool) {
 		case errors.Is(err, io.EOF):
 			n += len(b) - n - src.Len()
 			skip = 0
+			if n < len(gzipMemberEnd)+8 || !bytes.Equal(b[n-8-len(gzipMemberEnd):n-8], gzipMemberEnd) {
+				g.otherEnds = true
+			}
 		case errors.Is(err, io.ErrUnexpectedEOF):
-			return n, max(member, skip), true // the member goes on in the next read
+			return n, max(member, skip), true, false // the member goes on in the next read
 		default:
 			g.stop(stopCorrupt) // not gzip, or corrupt: inspect no further
-			return 0, 0, false
+			return 0, 0, false, false
 		}
 	}
-	return n, 0, true
+	return n, 0, true, false
+}
+
+// show shows p to the inspector. With mayCut, once the inspector has seen
+// a frame, it shows p a frame at a time and stops at the first frame
+// start (cut), returning how many bytes of p it showed.
+func (g *Gzip) show(p []byte, mayCut bool) (used int, cut bool) {
+	s := g.next
+	for used < len(p) && !s.off {
+		k := len(p) - used
+		if mayCut && s.sawFrame {
+			if s.atFrameStart() {
+				return used, true
+			}
+			k = toFrameEnd(s, p[used:])
+		}
+		s.Write(p[used : used+k])
+		used += k
+	}
+	return used, mayCut && !s.off && s.sawFrame && s.atFrameStart()
+}
+
+// toFrameEnd is how many bytes of p to show s so that the frame it is in
+// may end: a protobuf frame's header or payload left; in JSON, through
+// the next newline (kube-apiserver ends each event with one; elsewhere a
+// newline is whitespace, and s says whether the frame ended).
+func toFrameEnd(s *Stream, p []byte) int {
+	if s.Framing == JSONFraming {
+		if i := bytes.IndexByte(p, '\n'); i >= 0 {
+			return i + 1
+		}
+		return len(p)
+	}
+	if s.nHeader < len(s.header) {
+		return min(len(p), len(s.header)-s.nHeader)
+	}
+	return max(1, min(len(p), s.due))
 }
 
 // Why inspection of a gzip stream stopped (watchgate_proxy_gzip_inspections_stopped_total).
@@ -508,7 +648,7 @@ func (g *Gzip) releasePending() {
 		}
 		g.pending = nil
 	}
-	g.shown, g.tried = 0, 0
+	g.shown, g.tried, g.partial = 0, 0, 0
 }
 
 // releaseHeld drops the held buffer and returns its bytes to the budget.

@@ -2,6 +2,8 @@ package inspect
 
 import (
 	"bytes"
+	"compress/gzip"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -91,12 +93,13 @@ func TestGzipInspectorFindsErrorEventsWhereverReadsCut(t *testing.T) {
 // stops, nothing is held, nothing panics.
 func TestGzipInspectorStopsAtItsBounds(t *testing.T) {
 	bomb := streamtest.GzipMembers(t, [][]byte{make([]byte, 64<<20)})
-	longStream := make([][]byte, 0, MaxInflatedBytesPerStream/(1<<20)+2)
+	longStream := make([][]byte, 0, MaxInflatedBytesPerStream/maxWholeFirstBytes*11/10)
 	for range cap(longStream) {
-		longStream = append(longStream, bytes.Repeat(streamtest.JSONFrames()[0], (1<<20)/len(streamtest.JSONFrames()[0])))
+		longStream = append(longStream, bytes.Repeat(streamtest.JSONFrames()[0], maxWholeFirstBytes/len(streamtest.JSONFrames()[0])))
 	}
-	// Members that cut frames: the inspector is never at a frame start at
-	// a member end, so every member is inflated.
+	// Members that cut frames, each small enough to be inflated whole
+	// before deferring: the inspector is never at a frame start at a
+	// member end, so every member is inflated.
 	var members [][][]byte
 	for i, f := range longStream {
 		if i == 0 {
@@ -422,5 +425,134 @@ func TestLastMemberEndSearchesOnlyWhereAnEndCanBe(t *testing.T) {
 	}
 	if found < 1000 {
 		t.Errorf("only %d of the streams held a member end after from; the check proves little", found)
+	}
+}
+
+// closedOnly encodes each group as one gzip member closed without a flush
+// first, as an encoder other than kube-apiserver's may: its end is not
+// gzipMemberEnd.
+func closedOnly(t testing.TB, groups ...[][]byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	for _, g := range groups {
+		w, err := gzip.NewWriterLevel(&out, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range g {
+			if _, err := w.Write(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out.Bytes()
+}
+
+// An ERROR event can only end a stream, so it is in the stream's last
+// member, at its end; the inspector must see it there wherever that
+// member lies and however large it and the members before it are: the
+// stream's first frame; the end of a first member larger than the
+// inspector inflates whole (a replay's backlog), which is the stream's
+// only member; the end of a large last member after large ones; a small
+// last member of its own; a last member past the stream's holding cap or
+// the shared budget (inflated at once); members of another encoder, small
+// or past the bytes one stream may keep. In every read size, JSON and
+// protobuf. For kube-apiserver's members it inflates no more than the
+// start of the first member (to a frame start past maxWholeFirstBytes) and
+// the last member (twice when large).
+func TestGzipInspectorSeesTheErrorThatEndsTheStreamInEveryPosition(t *testing.T) {
+	events := streamtest.ManyEvents(3000) // about 900 KiB of JSON, then an ERROR 410
+	jsonEvents, jsonErr := events[:3000], events[3000:]
+	var pbEvents [][]byte // 3,000 ConfigMaps of about 1 KiB
+	for b := streamtest.BenchProtobufEvents(t, 3000); len(b) > 0; {
+		n := 4 + int(binary.BigEndian.Uint32(b))
+		pbEvents, b = append(pbEvents, b[:n]), b[n:]
+	}
+	pbErr := streamtest.ProtobufFrames(t)[2:] // an ERROR 410
+	var incompressible [][]byte
+	for range 80 { // 7.5 MiB of JSON, over 4 MiB compressed
+		incompressible = append(incompressible, append(append([]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"k":`), randomText(96<<10)...), "}}}\n"...))
+	}
+	huge := append(append([]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"k":`), randomText(2*maxHeldGzipBytes)...), "}}}\n"...)
+	join := func(parts ...[][]byte) [][]byte { return slices.Concat(parts...) }
+
+	type shape struct {
+		contentType string
+		groups      [][][]byte
+		budget      int64
+		otherEnds   bool // members closed without kube-apiserver's flush
+		// kube: the inflated bytes are bounded as for kube-apiserver's
+		// members (the first member's start and the last member).
+		kube bool
+	}
+	shapes := map[string]shape{
+		"json: the first frame": {streamtest.JSONWatchType, [][][]byte{jsonErr}, 1 << 20, false, true},
+		"json: the end of the only member, larger than inflated whole": {streamtest.JSONWatchType,
+			[][][]byte{join(jsonEvents, jsonErr)}, 1 << 20, false, true},
+		"json: the end of a large last member after large ones": {streamtest.JSONWatchType,
+			[][][]byte{jsonEvents[:1000], jsonEvents[1000:1500], join(jsonEvents[1500:], jsonErr)}, 1 << 20, false, true},
+		"json: a small last member of its own": {streamtest.JSONWatchType,
+			[][][]byte{jsonEvents[:1500], jsonEvents[1500:], jsonErr}, 1 << 20, false, true},
+		"json: the end of a member past the shared budget": {streamtest.JSONWatchType,
+			[][][]byte{jsonEvents[:1500], jsonEvents[1500:2000], join(jsonEvents[2000:], jsonErr)}, 0, false, false},
+		"json: the end of a member past the stream's holding cap": {streamtest.JSONWatchType,
+			[][][]byte{jsonEvents[:1500], {huge, jsonErr[0]}}, 64 << 20, false, false},
+		"json: another encoder's members": {streamtest.JSONWatchType,
+			[][][]byte{jsonEvents[:1000], jsonEvents[1000:2000], join(jsonEvents[2000:], jsonErr)}, 1 << 20, true, false},
+		"json: another encoder's members, past what a stream keeps": {streamtest.JSONWatchType,
+			[][][]byte{incompressible[:40], incompressible[40:], jsonErr}, 1 << 20, true, false},
+		"protobuf: the first frame": {streamtest.ProtobufWatchType, [][][]byte{pbErr}, 1 << 20, false, true},
+		"protobuf: the end of the only member, larger than inflated whole": {streamtest.ProtobufWatchType,
+			[][][]byte{join(pbEvents, pbErr)}, 1 << 20, false, true},
+		"protobuf: the end of a large last member after large ones": {streamtest.ProtobufWatchType,
+			[][][]byte{pbEvents[:1000], pbEvents[1000:1500], join(pbEvents[1500:], pbErr)}, 1 << 20, false, true},
+		"protobuf: a small last member of its own": {streamtest.ProtobufWatchType,
+			[][][]byte{pbEvents[:1500], pbEvents[1500:], pbErr}, 1 << 20, false, true},
+	}
+	for name, tc := range shapes {
+		t.Run(name, func(t *testing.T) {
+			data := streamtest.GzipMembers(t, tc.groups...)
+			if tc.otherEnds {
+				data = closedOnly(t, tc.groups...)
+			}
+			last := tc.groups[len(tc.groups)-1]
+			// The last member is inflated twice when it inflates to more
+			// than maxCollectedBytes: checked, then shown.
+			maxInflated := 4*maxWholeFirstBytes + 2*bytesOf(last...)
+			for _, chunks := range [][]int{nil, {7, 13}, {4096}, {16 << 10}, {32 << 10}} {
+				if len(data) > 1<<20 && len(chunks) > 0 && chunks[0] < 4096 {
+					continue // reads of a few bytes over MiBs take long and prove nothing more
+				}
+				f, s, _, _ := FramingFor(tc.contentType, "gzip")
+				sink := &recordingSink{}
+				g := NewGzip(NewStream(f, s, sink), "alice")
+				g.UseBudget(NewSharedBytes(tc.budget, tc.budget))
+				for rest, i := data, 0; len(rest) > 0; i++ {
+					n := len(rest)
+					if len(chunks) > 0 {
+						n = min(n, chunks[i%len(chunks)])
+					}
+					g.Write(rest[:n])
+					rest = rest[n:]
+				}
+				g.Finish()
+				if !slices.Equal(sink.errors, []int32{410}) || g.off {
+					t.Errorf("chunks %v: errors %v, off %v; want [410]", chunks, sink.errors, g.off)
+				}
+				if len(tc.groups) > 1 && sink.events < 1 {
+					t.Errorf("chunks %v: the first event not seen", chunks)
+				}
+				if tc.kube && g.inflated > maxInflated {
+					t.Errorf("chunks %v: inflated %d bytes of a stream of %d; want at most %d (the first member's start and the last member)",
+						chunks, g.inflated, bytesOf(slices.Concat(tc.groups...)...), maxInflated)
+				}
+				if g.held != nil || g.pending != nil || g.budget.InUse() != 0 {
+					t.Errorf("chunks %v: held %d, pending %v, budget used %d after the end", chunks, len(g.held), g.pending != nil, g.budget.InUse())
+				}
+			}
+		})
 	}
 }
