@@ -285,7 +285,7 @@ func TestLoadHostileTenant(t *testing.T) {
 		d, err := agent.start()
 		controlled.Wait()
 		if err != nil || derr != nil {
-			return 0, 0, fmt.Errorf("through watchgate %v, straight %v", err, derr)
+			return 0, 0, fmt.Errorf("through watchgate %w, straight %w", err, derr)
 		}
 		return d, dd, nil
 	}

@@ -119,7 +119,7 @@ func (c *loadClient) do(command string) (string, error) {
 	select {
 	case l, ok := <-line:
 		if !ok {
-			return "", fmt.Errorf("loadclient exited during %q: %v", command, c.out.Err())
+			return "", fmt.Errorf("loadclient exited during %q: %w", command, c.out.Err())
 		}
 		return l, nil
 	case <-time.After(15 * time.Minute):

@@ -140,13 +140,10 @@ func (p *process) stop() {
 	}
 }
 
-// sample reads RSS from /proc, and goroutines, heap and stacks in use and
-// upstream connections from the process.
-func (p *process) sample() sample { return p.sampleAfter(false) }
-
-// sampleAfter is sample, after a garbage collection in the process when gc
-// is set (watchgate's through its pprof server), so that heap in use
-// counts what is live.
+// sampleAfter reads RSS from /proc, and goroutines, heap and stacks in use
+// and upstream connections from the process, after a garbage collection in
+// the process when gc is set (watchgate's through its pprof server), so
+// that heap in use counts what is live.
 func (p *process) sampleAfter(gc bool) sample {
 	var s sample
 	statsURL := p.statsURL
