@@ -138,7 +138,8 @@ func NewServer(opts Options) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("proxy metadata client: %w", err)
 		}
-		bound := authn.NewBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, o.Clock)
+		lookups := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked)
+		bound := authn.NewBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, lookups, o.Clock)
 		saTokens = authn.NewServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
 	}
 	tokens := authn.LocalThenReviewed(saTokens, reviewed, o.Clock)
