@@ -212,9 +212,10 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("proxy listen on %s: %w", s.opts.BindAddress, err)
 	}
-	ln = serve.LimitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/serve.ConnectionsPerNetworkDivisor)
+	ln = serve.LimitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/serve.ConnectionsPerNetworkDivisor, serve.UnauthenticatedTimeout)
 	srv := &http.Server{
 		Handler:           s.handler,
+		ConnContext:       serve.ConnContext,
 		ReadHeaderTimeout: s.opts.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.opts.MaxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,

@@ -70,6 +70,7 @@ func WithAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
+		connectionAuthenticated(r.Context())
 		st, r := request.StateOf(r)
 		st.Caller = resp.User
 		next.ServeHTTP(w, r)
