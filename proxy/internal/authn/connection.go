@@ -9,7 +9,9 @@ import "context"
 type connectionKey struct{}
 
 // WithConnection returns ctx carrying authenticated, which
-// WithAuthentication calls for every request that authenticates.
+// WithAuthentication calls for every request it lets through: one that
+// authenticated, or one forwarded although its review failed
+// (review.FailOpen).
 func WithConnection(ctx context.Context, authenticated func()) context.Context {
 	return context.WithValue(ctx, connectionKey{}, authenticated)
 }
