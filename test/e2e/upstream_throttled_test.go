@@ -49,7 +49,7 @@ func throttleUpstream(t *testing.T, sa apiserver.ServiceAccount) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = fc.PriorityLevelConfigurations().Delete(ctx, name, metav1.DeleteOptions{}) })
-	_, err = fc.FlowSchemas().Create(ctx, &flowcontrolv1.FlowSchema{
+	fs, err := fc.FlowSchemas().Create(ctx, &flowcontrolv1.FlowSchema{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: flowcontrolv1.FlowSchemaSpec{
 			PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: name},
@@ -70,6 +70,11 @@ func throttleUpstream(t *testing.T, sa apiserver.ServiceAccount) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = fc.FlowSchemas().Delete(ctx, name, metav1.DeleteOptions{}) })
+	direct := directClient(t)
+	eventually(t, 30*time.Second, "the API server to classify "+sa.Username()+" by the new FlowSchema", func() (bool, error) {
+		resp, _ := doGet(t, direct, env.Config.Host, sa.Token, "/api/v1/namespaces/"+sa.Namespace+"/configmaps?limit=1")
+		return resp.Header.Get("X-Kubernetes-PF-FlowSchema-UID") == string(fs.UID), nil
+	})
 	// APF dispatches a request to a level with no seats when none is in
 	// use, so one request of sa holds the level: a list of 8 MB read by
 	// nobody (the API server writes it with the seat taken, until the
@@ -86,8 +91,9 @@ func throttleUpstream(t *testing.T, sa apiserver.ServiceAccount) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(env.Config.CAData)
 	unread := &http.Client{Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool},
-		TLSNextProto:    map[string]func(string, *tls.Conn) http.RoundTripper{}, // HTTP/1.1: the socket is the only window
+		TLSClientConfig:    &tls.Config{RootCAs: pool},
+		DisableCompression: true,                                                   // a gzip-encoded list of 8 MB of "x" takes a few KiB
+		TLSNextProto:       map[string]func(string, *tls.Conn) http.RoundTripper{}, // HTTP/1.1: the socket is the only window
 		DialContext: (&net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
 			return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
 		}}).DialContext,
@@ -105,7 +111,6 @@ func throttleUpstream(t *testing.T, sa apiserver.ServiceAccount) {
 			_ = resp.Body.Close()
 		}
 	}()
-	direct := directClient(t)
 	eventually(t, 30*time.Second, "the API server's 429 for "+sa.Username(), func() (bool, error) {
 		resp, _ := doGet(t, direct, env.Config.Host, sa.Token, "/api/v1/namespaces/"+sa.Namespace+"/configmaps?watch=true&timeoutSeconds=1")
 		return resp.StatusCode == http.StatusTooManyRequests, nil
