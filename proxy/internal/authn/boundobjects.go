@@ -35,7 +35,8 @@ import (
 // The GETs a client's tokens cause are bounded per client network, as its
 // TokenReviews are (budget): a network sending tokens of ever other
 // deleted pods spends its own bucket, then its tokens are reviewed (within
-// its bucket of TokenReviews) instead of looked up.
+// its bucket of TokenReviews) instead of looked up. Looking again at an
+// object found before is not charged (see get).
 //
 // It is safe for concurrent use.
 type boundObjects struct {
@@ -45,6 +46,9 @@ type boundObjects struct {
 	ttl, negativeTTL time.Duration
 	timeout          time.Duration
 	budget           *review.Budget // nil: unbounded
+	// found remembers the objects found within RecentTokensTTL, whose
+	// lookups spend no budget; bounded in count like cache.
+	found *utilcache.LRUExpireCache
 }
 
 // MaxFoundTTL bounds how long an object found is trusted: kube-apiserver
@@ -81,24 +85,29 @@ type objectState struct {
 // unbounded), expiry on clk.
 func NewBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, budget *review.Budget, clk clock.PassiveClock) *boundObjects {
 	return &boundObjects{
-		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk),
+		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk), found: utilcache.NewLRUExpireCacheWithClock(size, clk),
 		ttl: min(ttl, MaxFoundTTL), negativeTTL: negativeTTL, timeout: timeout, budget: budget,
 	}
 }
 
-// get returns what ref is now, from the cache or one GET, which spends the
-// budget of the request's client network.
+// get returns what ref is now, from the cache or one GET. A GET of an
+// object not found within RecentTokensTTL spends the budget of the client
+// network of the request that sends it (one per GET, however many
+// requests wait for it); looking again at an object found before spends
+// nothing, so that the pods of a node refreshing their objects every
+// MaxFoundTTL are not throttled: those GETs are bounded by the objects
+// that exist.
 func (b *boundObjects) get(ctx context.Context, ref objectRef, now time.Time) (objectState, error) {
 	if v, ok := b.cache.Get(ref); ok {
 		return v.(objectState), nil
-	}
-	if b.budget != nil && !b.budget.Allow(review.RequesterFrom(ctx), review.LaneNew, now) {
-		return objectState{}, errLookupsThrottled
 	}
 	key := ref.resource + "/" + ref.namespace + "/" + ref.name
 	ch := b.flights.DoChan(key, func() (any, error) {
 		if v, ok := b.cache.Get(ref); ok {
 			return v, nil
+		}
+		if _, known := b.found.Get(ref); !known && b.budget != nil && !b.budget.Allow(review.RequesterFrom(ctx), review.LaneNew, now) {
+			return nil, errLookupsThrottled
 		}
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
 		defer cancel()
@@ -114,6 +123,7 @@ func (b *boundObjects) get(ctx context.Context, ref objectRef, now time.Time) (o
 		case apierrors.IsNotFound(err):
 			st := objectState{}
 			b.cache.Add(ref, st, b.negativeTTL)
+			b.found.Remove(ref)
 			return st, nil
 		case err != nil:
 			boundObjectLookupErrors.Inc()
@@ -124,6 +134,7 @@ func (b *boundObjects) get(ctx context.Context, ref objectRef, now time.Time) (o
 			st.deleted = m.DeletionTimestamp.Time
 		}
 		b.cache.Add(ref, st, b.ttl)
+		b.found.Add(ref, struct{}{}, RecentTokensTTL)
 		return st, nil
 	})
 	select {

@@ -153,6 +153,19 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 			t.Errorf("verdict from another network: %v, want revoked (looked up)", v)
 		}
 	})
+
+	t.Run("looking again at objects found before spends no budget", func(t *testing.T) {
+		budget := review.NewBudget(1000, 1000, 0.001, 2, 16)
+		bounded := verifierOf(t, issuer, clk, time.Minute, NewBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, budget, clk))
+		node := review.WithRequester(context.Background(), "10.0.2.0/24")
+		tok := sign("agent", "sa-uid", ref("agent-0", "pod-uid"), nil, nil, nil)
+		for i := range 5 { // the service account and the pod, then looked at again every MaxFoundTTL
+			if _, v := bounded.verify(node, tok, clk.Now()); v != validServiceAccount {
+				t.Fatalf("verdict %v at the %d-th look, want valid", v, i)
+			}
+			clk.Step(MaxFoundTTL + time.Second)
+		}
+	})
 }
 
 // BenchmarkVerifyRememberedToken measures a request's local verification
