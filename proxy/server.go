@@ -146,7 +146,8 @@ func NewServer(opts Options) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("proxy metadata client: %w", err)
 		}
-		bound := authn.NewBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, o.Clock)
+		lookups := review.NewBudget(o.ReviewsPerSecond, o.ReviewBurst, o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst, o.ReviewRequestersTracked)
+		bound := authn.NewBoundObjects(meta, o.TokenCacheSize, o.TokenCacheTTL, o.TokenCacheNegativeTTL, o.ReviewTimeout, lookups, o.Clock)
 		saTokens = authn.NewServiceAccountTokens(client.Discovery().RESTClient(), o.ServiceAccountAudiences, o.Clock, o.TokenCacheSize, o.TokenCacheTTL, bound)
 	}
 	tokens := authn.LocalThenReviewed(saTokens, reviewed, o.Clock)
@@ -219,9 +220,10 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("proxy listen on %s: %w", s.opts.BindAddress, err)
 	}
-	ln = serve.LimitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/serve.ConnectionsPerNetworkDivisor)
+	ln = serve.LimitConnections(ln, s.opts.MaxConnections, s.opts.MaxConnections/serve.ConnectionsPerNetworkDivisor, serve.UnauthenticatedTimeout)
 	srv := &http.Server{
 		Handler:           s.handler,
+		ConnContext:       serve.ConnContext,
 		ReadHeaderTimeout: s.opts.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.opts.MaxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,

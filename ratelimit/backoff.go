@@ -127,11 +127,12 @@ func (e *Engine) dropBackoff(id *identity) {
 //     after now — if the watch was opened (now − lifetime) at or after
 //     the key's delay ran out (see "A wave of failures counts once");
 //   - otherwise, and after OutcomeDenied (the caller's rights are at
-//     fault, not the watch) or OutcomeNotForwarded, nothing changes.
+//     fault, not the watch), OutcomeNotForwarded or OutcomeThrottled (the
+//     API server asked the client to come back later), nothing changes.
 //
 // The key is hashed only when something changes. id.sh.mu is held.
 func (e *Engine) learn(id *identity, req *requestKey, now time.Time, lifetime time.Duration, outcome Outcome, bo Backoff) {
-	if bo.Initial <= 0 || outcome == OutcomeDenied || outcome == OutcomeNotForwarded {
+	if bo.Initial <= 0 || outcome == OutcomeDenied || outcome == OutcomeNotForwarded || outcome == OutcomeThrottled {
 		return
 	}
 	failed := outcome == OutcomeError || lifetime < bo.ShortWatch

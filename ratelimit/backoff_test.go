@@ -156,3 +156,33 @@ func failuresOf(e *Engine, user string) map[watchKey]int32 {
 	}
 	return out
 }
+
+// A watch the API server answered 429 (its own flow control) is neither a
+// failure nor a success: the key is not backed off, however often and
+// however soon it happens, and a failure counted before stays as it was.
+func TestAnUpstreamThrottledWatchNeverBacksOff(t *testing.T) {
+	e := newTestEngine(t, Options{}, Budget{
+		Name:    "b",
+		Backoff: Backoff{Initial: time.Minute, Max: time.Hour, ShortWatch: time.Minute},
+	})
+	r := watchSelecting("app=a")
+	for i := range 5 {
+		now := t0.Add(time.Duration(i) * s)
+		d := e.Decide(now, r)
+		expect(t, fmt.Sprint("open ", i), d, true, "", 0)
+		e.WatchEnded(now, d.Watch, 0, OutcomeThrottled)
+	}
+	if n := failuresOf(e, "alice"); len(n) != 0 {
+		t.Errorf("failures after five throttled watches: %v, want none", n)
+	}
+	d := e.Decide(t0.Add(5*s), r)
+	expect(t, "after a failure", d, true, "", 0)
+	e.WatchEnded(t0.Add(5*s), d.Watch, 0, OutcomeError) // backs off until t0+65s
+	d = e.Decide(t0.Add(65*s), r)
+	expect(t, "after its delay", d, true, "", 0)
+	e.WatchEnded(t0.Add(65*s), d.Watch, 0, OutcomeThrottled)
+	if n := failuresOf(e, "alice"); len(n) != 1 {
+		t.Errorf("failures after one failure and a throttled watch: %v, want the one", n)
+	}
+	expect(t, "after the throttled watch", e.Decide(t0.Add(65*s), r), true, "", 0)
+}

@@ -541,8 +541,8 @@ func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (R
 //     counts: watches that were open when the key last failed fail in the
 //     same event (many watches of one key, or of an identity's untracked
 //     keys, when the API server restarts), and count once;
-//   - otherwise, and always after OutcomeDenied or OutcomeNotForwarded,
-//     nothing changes.
+//   - otherwise, and always after OutcomeDenied, OutcomeNotForwarded or
+//     OutcomeThrottled, nothing changes.
 //
 // Beyond Options.MaxBackoffKeysPerIdentity (or MaxBackoffKeys) a failing
 // key's backoff is kept in the identity's overflow key, shared by all its

@@ -264,4 +264,11 @@ const (
 	// API server (the proxy's own guard refused it). Only its slot is
 	// released; nothing is remembered for its key.
 	OutcomeNotForwarded
+	// OutcomeThrottled: the API server answered 429 (its own flow
+	// control, or a consistent list its watch cache could not serve in
+	// time) and told the client when to come back (Retry-After). The
+	// API server, not the watch, is at fault, and it already paces the
+	// client: nothing is remembered for the key, so that watchgate never
+	// adds its own delay to the API server's.
+	OutcomeThrottled
 )

@@ -61,6 +61,9 @@ func WithAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 		switch {
 		case err != nil:
 			if policy.Failed(w, r, review.Token, err, log) {
+				// Forwarded, charged: a watch it opens must not be
+				// cut as an unauthenticated connection's.
+				connectionAuthenticated(r.Context())
 				st, r := request.StateOf(r)
 				st.Caller = review.UnreviewedCaller(token)
 				next.ServeHTTP(w, r)
@@ -70,6 +73,7 @@ func WithAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
+		connectionAuthenticated(r.Context())
 		st, r := request.StateOf(r)
 		st.Caller = resp.User
 		next.ServeHTTP(w, r)

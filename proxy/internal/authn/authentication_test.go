@@ -54,7 +54,9 @@ func TestAuthentication(t *testing.T) {
 				u, _ := request.CallerFrom(r.Context())
 				got = u.GetName()
 			}))
+			marked := false
 			req := httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)
+			req = req.WithContext(WithConnection(req.Context(), func() { marked = true }))
 			if proto, ok := strings.CutPrefix(tc.header, "ws:"); ok {
 				req.Header.Set("Upgrade", "websocket")
 				req.Header.Set("Connection", "Upgrade")
@@ -66,6 +68,9 @@ func TestAuthentication(t *testing.T) {
 			h.ServeHTTP(rec, req)
 			if rec.Code != tc.wantCode || got != tc.wantUser {
 				t.Fatalf("HTTP %d, user %q; want %d, %q", rec.Code, got, tc.wantCode, tc.wantUser)
+			}
+			if marked != (tc.wantCode == 200) {
+				t.Errorf("connection marked authenticated: %v, want %v", marked, tc.wantCode == 200)
 			}
 			if tc.wantCode == 200 {
 				if !strings.HasPrefix(tc.header, "ws:") && req.Header.Get("Authorization") != tc.header {

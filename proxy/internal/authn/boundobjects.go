@@ -2,6 +2,7 @@ package authn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/client-go/metadata"
 	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
 // +kubebuilder:rbac:groups="",resources=serviceaccounts;pods;nodes,verbs=get
@@ -21,12 +24,20 @@ import (
 // asks its ServiceAccountTokenGetter (k8s.io/kubernetes
 // pkg/serviceaccount/claims.go): the service account, and the pod or node
 // the token is bound to. It reads their metadata only, with a GET through
-// the proxy's own client, and remembers each answer (found for ttl, not
-// found for negativeTTL; errors not at all) in a cache bounded in count,
-// one GET in flight per object. A token whose pod was deleted is thus
-// refused at most ttl after the deletion — as long as a TokenReview
-// answer is trusted. It keeps no object, only a name's UID and deletion
-// time, and needs only get on service accounts, pods and nodes.
+// the proxy's own client, and remembers each answer (found for ttl, at most
+// MaxFoundTTL, not found for negativeTTL; errors not at all) in a cache
+// bounded in count, one GET in flight per object. A token whose pod was
+// deleted is thus refused at most MaxFoundTTL after the deletion, no later
+// than kube-apiserver refuses it. It keeps no object, only a name's UID
+// and deletion time, and needs only get on service accounts, pods and
+// nodes.
+//
+// The GETs a client's tokens cause are bounded per client network, as its
+// TokenReviews are (budget): a network sending tokens of ever other
+// deleted pods spends its own bucket, then its tokens are reviewed (within
+// its bucket of TokenReviews) instead of looked up. Looking again at an
+// object found before is not charged (see get).
+//
 // It is safe for concurrent use.
 type boundObjects struct {
 	client           metadata.Interface
@@ -34,7 +45,24 @@ type boundObjects struct {
 	flights          singleflight.Group
 	ttl, negativeTTL time.Duration
 	timeout          time.Duration
+	budget           *review.Budget // nil: unbounded
+	// found remembers the objects found within RecentTokensTTL, whose
+	// lookups spend no budget; bounded in count like cache.
+	found *utilcache.LRUExpireCache
 }
+
+// MaxFoundTTL bounds how long an object found is trusted: kube-apiserver
+// remembers a token's authentication for 10 s (its token success cache)
+// and reads the objects from its informers, so it refuses a token within
+// about 10 s of its object's deletion. Watchgate looks again at least as
+// often, so that it never serves a revoked token longer than the API
+// server does — even the requests it answers itself (a stale version),
+// which the API server never sees. It costs one metadata GET per object
+// in use every 10 s.
+const MaxFoundTTL = 10 * time.Second
+
+// errLookupsThrottled: the client network's bucket of lookups is empty.
+var errLookupsThrottled = errors.New("too many bound-object lookups from this client network")
 
 // objectRef names one object a token may be bound to.
 type objectRef struct {
@@ -51,17 +79,25 @@ type objectState struct {
 }
 
 // NewBoundObjects returns a cache of the objects tokens are bound to, read
-// through client: at most size objects, found ones for ttl, missing ones
-// for negativeTTL, each GET bounded by timeout, expiry on clk.
-func NewBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, clk clock.PassiveClock) *boundObjects {
+// through client: at most size objects, found ones for ttl (at most
+// MaxFoundTTL), missing ones for negativeTTL, each GET bounded by timeout
+// and spending budget (per client network, see review.WithRequester; nil:
+// unbounded), expiry on clk.
+func NewBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, budget *review.Budget, clk clock.PassiveClock) *boundObjects {
 	return &boundObjects{
-		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk),
-		ttl: ttl, negativeTTL: negativeTTL, timeout: timeout,
+		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk), found: utilcache.NewLRUExpireCacheWithClock(size, clk),
+		ttl: min(ttl, MaxFoundTTL), negativeTTL: negativeTTL, timeout: timeout, budget: budget,
 	}
 }
 
-// get returns what ref is now, from the cache or one GET.
-func (b *boundObjects) get(ctx context.Context, ref objectRef) (objectState, error) {
+// get returns what ref is now, from the cache or one GET. A GET of an
+// object not found within RecentTokensTTL spends the budget of the client
+// network of the request that sends it (one per GET, however many
+// requests wait for it); looking again at an object found before spends
+// nothing, so that the pods of a node refreshing their objects every
+// MaxFoundTTL are not throttled: those GETs are bounded by the objects
+// that exist.
+func (b *boundObjects) get(ctx context.Context, ref objectRef, now time.Time) (objectState, error) {
 	if v, ok := b.cache.Get(ref); ok {
 		return v.(objectState), nil
 	}
@@ -69,6 +105,9 @@ func (b *boundObjects) get(ctx context.Context, ref objectRef) (objectState, err
 	ch := b.flights.DoChan(key, func() (any, error) {
 		if v, ok := b.cache.Get(ref); ok {
 			return v, nil
+		}
+		if _, known := b.found.Get(ref); !known && b.budget != nil && !b.budget.Allow(review.RequesterFrom(ctx), review.LaneNew, now) {
+			return nil, errLookupsThrottled
 		}
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
 		defer cancel()
@@ -84,6 +123,7 @@ func (b *boundObjects) get(ctx context.Context, ref objectRef) (objectState, err
 		case apierrors.IsNotFound(err):
 			st := objectState{}
 			b.cache.Add(ref, st, b.negativeTTL)
+			b.found.Remove(ref)
 			return st, nil
 		case err != nil:
 			boundObjectLookupErrors.Inc()
@@ -94,6 +134,7 @@ func (b *boundObjects) get(ctx context.Context, ref objectRef) (objectState, err
 			st.deleted = m.DeletionTimestamp.Time
 		}
 		b.cache.Add(ref, st, b.ttl)
+		b.found.Add(ref, struct{}{}, RecentTokensTTL)
 		return st, nil
 	})
 	select {
@@ -115,7 +156,7 @@ const deletionLeeway = time.Minute
 // kube-apiserver decides it: found, the same UID, and not deleted before
 // now less deletionLeeway. An error means the proxy could not tell.
 func (b *boundObjects) holds(ctx context.Context, ref objectRef, uid string, now time.Time) (bool, error) {
-	st, err := b.get(ctx, ref)
+	st, err := b.get(ctx, ref, now)
 	if err != nil {
 		return false, err
 	}

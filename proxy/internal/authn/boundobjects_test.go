@@ -3,6 +3,8 @@ package authn
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 	metadatafake "k8s.io/client-go/metadata/fake"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/review"
 )
 
 // A validly signed token is valid only while the objects it names exist
@@ -51,7 +55,7 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 	issuer := &testIssuerServer{}
 	key := newKey(t)
 	issuer.publish("k1", key)
-	sa := verifierOf(t, issuer, clk, time.Minute, NewBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, clk))
+	sa := verifierOf(t, issuer, clk, time.Minute, NewBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, nil, clk))
 	sign := func(saName, saUID string, pod, node, secret, webhook *claimRef) string {
 		sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithHeader("kid", "k1"))
 		if err != nil {
@@ -116,6 +120,52 @@ func TestTokensOfObjectsThatAreGoneAreRevoked(t *testing.T) {
 			t.Fatalf("verdict %v once the answer expired, want revoked", v)
 		}
 	})
+
+	t.Run("an object found is trusted at most MaxFoundTTL, however long the token cache's TTL", func(t *testing.T) {
+		long := verifierOf(t, issuer, clk, 2*time.Minute, NewBoundObjects(meta, 100, 2*time.Minute, 10*time.Second, time.Second, nil, clk))
+		objects["pods/agents/brief"] = metav1.ObjectMeta{UID: types.UID("brief-uid")}
+		tok := sign("agent", "sa-uid", ref("brief", "brief-uid"), nil, nil, nil)
+		if _, v := long.verify(context.Background(), tok, clk.Now()); v != validServiceAccount {
+			t.Fatalf("verdict %v with the pod, want valid", v)
+		}
+		delete(objects, "pods/agents/brief")
+		clk.Step(MaxFoundTTL + time.Second)
+		if _, v := long.verify(context.Background(), tok, clk.Now()); v != revoked {
+			t.Fatalf("verdict %v %v after the deletion, want revoked", v, MaxFoundTTL+time.Second)
+		}
+	})
+
+	t.Run("lookups are bounded per client network", func(t *testing.T) {
+		budget := review.NewBudget(1000, 1000, 0.001, 3, 16)
+		bounded := verifierOf(t, issuer, clk, time.Minute, NewBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, budget, clk))
+		flooded := review.WithRequester(context.Background(), "10.0.0.0/24")
+		var verdicts []serviceAccountVerdict
+		for i := range 5 { // the service account's lookup, then four pods'
+			tok := sign("agent", "sa-uid", ref(fmt.Sprint("never-", i), "x"), nil, nil, nil)
+			_, v := bounded.verify(flooded, tok, clk.Now())
+			verdicts = append(verdicts, v)
+		}
+		if want := []serviceAccountVerdict{revoked, revoked, notLocal, notLocal, notLocal}; !slices.Equal(verdicts, want) {
+			t.Errorf("verdicts from the flooded network: %v, want %v (its burst of 3 lookups, then reviewed)", verdicts, want)
+		}
+		other := review.WithRequester(context.Background(), "10.0.1.0/24")
+		if _, v := bounded.verify(other, sign("agent", "sa-uid", ref("never-9", "x"), nil, nil, nil), clk.Now()); v != revoked {
+			t.Errorf("verdict from another network: %v, want revoked (looked up)", v)
+		}
+	})
+
+	t.Run("looking again at objects found before spends no budget", func(t *testing.T) {
+		budget := review.NewBudget(1000, 1000, 0.001, 2, 16)
+		bounded := verifierOf(t, issuer, clk, time.Minute, NewBoundObjects(meta, 100, time.Minute, 10*time.Second, time.Second, budget, clk))
+		node := review.WithRequester(context.Background(), "10.0.2.0/24")
+		tok := sign("agent", "sa-uid", ref("agent-0", "pod-uid"), nil, nil, nil)
+		for i := range 5 { // the service account and the pod, then looked at again every MaxFoundTTL
+			if _, v := bounded.verify(node, tok, clk.Now()); v != validServiceAccount {
+				t.Fatalf("verdict %v at the %d-th look, want valid", v, i)
+			}
+			clk.Step(MaxFoundTTL + time.Second)
+		}
+	})
 }
 
 // BenchmarkVerifyRememberedToken measures a request's local verification
@@ -132,7 +182,7 @@ func BenchmarkVerifyRememberedToken(b *testing.B) {
 	key := newKey(b)
 	for name, bound := range map[string]*boundObjects{
 		"unchecked": nil,
-		"bound":     NewBoundObjects(meta, 100, time.Hour, time.Hour, time.Second, clk),
+		"bound":     NewBoundObjects(meta, 100, time.Hour, time.Hour, time.Second, nil, clk),
 	} {
 		b.Run(name, func(b *testing.B) {
 			issuer := &testIssuerServer{}

@@ -155,7 +155,9 @@ func (ws *Watch) UpstreamFailed() (stoppedByProxy bool) {
 // reads it in the request's goroutine, before end runs.
 //
 // An upstream 401 or 403 is OutcomeDenied, not a failure: RBAC said no,
-// and watching again changes nothing the backoff could help with.
+// and watching again changes nothing the backoff could help with. An
+// upstream 429 is OutcomeThrottled: the API server paces the client
+// itself (Retry-After).
 func (ws *Watch) End() {
 	ws.endOnce.Do(func() {
 		if ws.quiet != nil {
@@ -173,6 +175,8 @@ func (ws *Watch) End() {
 		switch {
 		case code == http.StatusUnauthorized || code == http.StatusForbidden:
 			outcome = ratelimit.OutcomeDenied
+		case code == http.StatusTooManyRequests:
+			outcome = ratelimit.OutcomeThrottled
 		case ws.errorEvent.Load(), code != 0 && code != http.StatusOK:
 			outcome = ratelimit.OutcomeError
 		case ws.transportErr.Load() && !ws.clientGone():
@@ -187,6 +191,8 @@ func (ws *Watch) End() {
 			label = "error"
 		case ratelimit.OutcomeDenied:
 			label = "denied"
+		case ratelimit.OutcomeThrottled:
+			label = "throttled"
 		}
 		watchesEnded.WithLabelValues(label).Inc()
 	})
@@ -417,7 +423,7 @@ var (
 	})
 	watchesEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_watches_ended_total",
-		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403).",
+		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403, throttled: it answered 429).",
 	}, []string{"outcome"})
 )
 

@@ -219,6 +219,7 @@ func NewReverseProxy(target *url.URL, transport http.RoundTripper, errorLog *log
 		FlushInterval: -1,
 		ErrorLog:      errorLog,
 		ModifyResponse: func(resp *http.Response) error {
+			countThrottled(resp)
 			if ws := watches(resp.Request.Context()); ws != nil {
 				ws.UpstreamAnswered(resp)
 			}

@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/watchgate/watchgate/proxy"
+)
+
+// podToken creates a pod object (no kubelet runs it) of sa and returns it
+// and a token bound to it.
+func podToken(t *testing.T, namespace, sa, name string) (*corev1.Pod, string) {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := env.Clientset.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa, Containers: []corev1.Container{{Name: "agent", Image: "agent"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := env.Clientset.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To[int64](3600),
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod, tr.Status.Token
+}
+
+// With default options, a token whose pod was deleted is refused by
+// watchgate before the API server refuses it: every request watchgate
+// lets through reaches the API server, and the first 401 is watchgate's
+// own (no decision: not charged, not forwarded). Then the watches
+// watchgate answers itself, which never reach the API server (a stale
+// version answered locally), are refused too.
+func TestTokenOfADeletedPodIsRefusedNoLaterThanByTheAPIServer(t *testing.T) {
+	ctx := context.Background()
+	ns := uniqueName("revoked")
+	sa := serviceAccount(t, ns, "agent", readWatch("pods", "podtemplates"))
+	pod, token := podToken(t, ns, sa.Name, "agent-0")
+	rv := makeStale(t, ns)
+	p := startProxy(t, generous("everyone", 10))
+	c := p.clientFrom("127.0.0.1")
+	stale := "/api/v1/namespaces/" + ns + "/podtemplates?watch=true&resourceVersion=" + rv
+	list := "/api/v1/namespaces/" + ns + "/pods"
+	for i := range 2 { // the first teaches watchgate the version is stale
+		if code, decision, err := send(c, p.URL, token, stale); err != nil || code != http.StatusOK {
+			t.Fatalf("stale watch %d with the pod: HTTP %d %q %v, want 200", i, code, decision, err)
+		}
+	}
+	if code, decision, _ := send(c, p.URL, token, stale); decision != "reject; reason=StaleResourceVersion; budget=everyone" {
+		t.Fatalf("stale watch: HTTP %d %q, want it answered locally", code, decision)
+	}
+
+	if err := env.Clientset.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	for {
+		code, decision, err := send(c, p.URL, token, list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusUnauthorized {
+			if decision != "" {
+				t.Fatalf("the API server refused the token of the deleted pod %v after the deletion, and watchgate had not: its 401 carries decision %q",
+					time.Since(deleted).Round(time.Millisecond), decision)
+			}
+			t.Logf("watchgate refused the token %v after the deletion", time.Since(deleted).Round(time.Millisecond))
+			break
+		}
+		if time.Since(deleted) > 40*time.Second {
+			t.Fatalf("the token of the deleted pod still served 40s after the deletion: HTTP %d %q", code, decision)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, decision, err := send(c, p.URL, token, stale); err != nil || code != http.StatusUnauthorized || decision != "" {
+		t.Errorf("a stale watch with the token of the deleted pod: HTTP %d %q %v, want 401 from watchgate", code, decision, err)
+	}
+}
+
+// The lookups of the objects tokens are bound to are bounded per client
+// network, as TokenReviews are: tokens of 30 deleted pods sent from one
+// /24 cost at most its burst of pod GETs (then they are reviewed, within
+// the network's bucket of TokenReviews), and a valid bound token from
+// another /24 is still served.
+func TestBoundObjectLookupsArePerNetwork(t *testing.T) {
+	ctx := context.Background()
+	ns := uniqueName("lookups")
+	sa := serviceAccount(t, ns, "agent", readWatch("pods"))
+	_, valid := podToken(t, ns, sa.Name, "valid")
+	tokens := make([]string, 30)
+	for i := range tokens {
+		var pod *corev1.Pod
+		pod, tokens[i] = podToken(t, ns, sa.Name, fmt.Sprintf("gone-%d", i))
+		if err := env.Clientset.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProxyWith(t, func(o *proxy.Options) {
+		o.TokenReviewsPerClientPerSecond, o.TokenReviewClientBurst = 0.001, 5
+	}, generous("everyone", 10))
+	path := "/api/v1/namespaces/" + ns + "/pods"
+	before := apiServerRequests(t, "pods", "GET")
+	c := p.clientFrom("127.0.0.2")
+	for _, token := range tokens {
+		if code, _, err := send(c, p.URL, token, path); err != nil || code == http.StatusOK {
+			t.Errorf("a token of a deleted pod: HTTP %d %v, want refused", code, err)
+		}
+	}
+	// The API server looks the pod up itself for each TokenReview: at most
+	// the network's 5 reviews.
+	if n := apiServerRequests(t, "pods", "GET") - before; n > 10 {
+		t.Errorf("%v pod GETs for 30 tokens of deleted pods from one /24, want at most 10: its burst 5 and those of its 5 TokenReviews", n)
+	}
+	if code, _, err := send(p.clientFrom("127.0.1.2"), p.URL, valid, path); err != nil || code != http.StatusOK {
+		t.Errorf("a valid bound token from another /24: HTTP %d %v, want 200", code, err)
+	}
+}
