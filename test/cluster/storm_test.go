@@ -45,7 +45,7 @@ func TestSeedStormFromPods(t *testing.T) {
 	versions := staleVersions(t, ctx, routed, 3)
 	t.Logf("stale resourceVersions %v", versions)
 
-	s := runStorm(t, ctx, routed, versions, 20, 15*time.Second)
+	s := runStorm(t, ctx, routed, versions, 20, 10*time.Second)
 	t.Logf("through watchgate: %d re-subscriptions, %d answered 410 Expired; the API server counted %v WATCH requests", s.attempts, s.expired, s.upstream)
 	if s.upstream < 1 || s.upstream > float64(len(versions)) {
 		t.Errorf("the API server counted %v WATCH requests for %d stale versions through watchgate, want 1 to %d",
@@ -57,7 +57,7 @@ func TestSeedStormFromPods(t *testing.T) {
 	}
 
 	// Without watchgate, every attempt is a WATCH on the API server.
-	d := runStorm(t, ctx, direct, versions, 5, 5*time.Second)
+	d := runStorm(t, ctx, direct, versions, 5, 3*time.Second)
 	t.Logf("directly: %d re-subscriptions, %d answered 410 Expired; the API server counted %v WATCH requests", d.attempts, d.expired, d.upstream)
 	if d.upstream < float64(d.attempts) || d.attempts < 5 {
 		t.Errorf("directly, the API server counted %v WATCH requests for %d re-subscriptions, want as many", d.upstream, d.attempts)
