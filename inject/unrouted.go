@@ -117,7 +117,12 @@ func (u *UnroutedPods) Start(ctx context.Context) error {
 		if err == nil {
 			err = u.watch(ctx, rv)
 		}
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil || err == nil:
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			// The watch's version was compacted away: list again at once.
+			log.V(1).Info("Listing pods again", "reason", err.Error())
+		default:
 			log.Error(err, "Failed to list or watch pods; listing again in a few seconds")
 			select {
 			case <-ctx.Done():
