@@ -9,8 +9,14 @@
 #
 #   hack/cluster.sh            build once (cached by version outside the
 #                              clone); print the folder of the binaries
-#   hack/cluster.sh up DIR     start a cluster whose every file is under DIR;
-#                              DIR/kubeconfig is its admin's kubeconfig
+#   hack/cluster.sh up [--stale-versions] DIR
+#                              start a cluster whose every file is under DIR;
+#                              DIR/kubeconfig is its admin's kubeconfig.
+#                              --stale-versions starts kube-apiserver as the
+#                              test bed's StaleVersions does: no watch cache
+#                              and etcd compacted every 5 s, so a version
+#                              goes "too old" within seconds of churn
+#                              (with the cache it takes minutes)
 #   hack/cluster.sh down DIR   stop it and undo every change to the host
 #   hack/cluster.sh run        `make cluster`: build, start in a new folder,
 #                              wait for Ctrl-C, stop
@@ -53,6 +59,9 @@ CNI_BIN_DIR=/usr/lib/cni
 SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
   net.ipv4.conf.all.route_localnet kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.netfilter.nf_conntrack_max)
+# apiserver_args are kube-apiserver's flags beyond the node's own (up's
+# --stale-versions).
+apiserver_args=()
 
 log() { echo ">> $*" >&2; }
 # elapsed MS: seconds since MS (date +%s%3N), to a tenth.
@@ -381,7 +390,8 @@ up() {
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" --authorization-mode Node,RBAC --allow-privileged \
     --kubelet-preferred-address-types InternalIP,Hostname \
-    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key"
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    "${apiserver_args[@]}"
   local curl_admin=(curl -sfk --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key")
   wait_for kube-apiserver 60 "${curl_admin[@]}" "https://$NODE_IP:6443/readyz"
   start kube-controller-manager "$bindir/kube-controller-manager" --kubeconfig "$dir/controller-manager.kubeconfig" \
@@ -536,8 +546,15 @@ case ${1:-build} in
     build
     echo "$bindir"
     ;;
-  up) dir=${2:?usage: cluster.sh up DIR}; up ;;
+  up)
+    if [[ ${2:-} == --stale-versions ]]; then
+      apiserver_args=(--watch-cache=false --etcd-compaction-interval=5s)
+      shift
+    fi
+    dir=${2:?usage: cluster.sh up [--stale-versions] DIR}
+    up
+    ;;
   down) dir=${2:?usage: cluster.sh down DIR}; down ;;
   run) run ;;
-  *) die "usage: cluster.sh [build | up DIR | down DIR | run]" ;;
+  *) die "usage: cluster.sh [build | up [--stale-versions] DIR | down DIR | run]" ;;
 esac

@@ -1,6 +1,6 @@
 // Package inject puts in-cluster agents behind watchgate with one label.
 //
-// It has two pieces, wired by SetupWithManager:
+// It has three pieces, wired by SetupWithManager:
 //
 //   - PodInjector, a mutating admission webhook for Pods (served by
 //     controller-runtime's webhook server on its own port). A pod is routed
@@ -27,6 +27,12 @@
 //     reads it), and
 //     rewrites it when the CA file (--ca-file) changes; kubelet refreshes the
 //     projected file, so clients trust a rotated CA without a restart.
+//   - UnroutedPods (leader only, unrouted.go): a pod that asked for routing
+//     and was admitted without the webhook's answer (failurePolicy Ignore
+//     while no replica answered) gets a Warning Event NotRouted and is
+//     counted in watchgate_inject_unrouted_pods(_total). It lists pods'
+//     metadata a page at a time when it starts and then watches them,
+//     keeping only the unrouted pods' UIDs.
 //
 // Both read from the injector's own cache (newLocalCache): namespaces' and
 // labelled pods' metadata, names and labels only, and the ConfigMaps named

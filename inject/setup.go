@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/metadata"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,10 +39,12 @@ type Options struct {
 type Pieces struct {
 	Injector  *PodInjector
 	Publisher *CAPublisher
+	Unrouted  *UnroutedPods
 }
 
-// SetupWithManager adds the CA publisher (leader only), the CA file watcher,
-// and, with opts.WebhookServer, the injection webhook to mgr. It loads the
+// SetupWithManager adds the CA publisher and UnroutedPods (leader only),
+// the CA file watcher, and, with opts.WebhookServer, the injection webhook
+// to mgr. It loads the
 // CA once and fails if it cannot.
 func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	if opts.CA == nil {
@@ -69,6 +72,17 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) (*Pieces, error) {
 	}}
 	if err := p.Publisher.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("inject: publisher: %w", err)
+	}
+	meta, err := metadata.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return nil, fmt.Errorf("inject: %w", err)
+	}
+	p.Unrouted = &UnroutedPods{
+		Pods: meta.Resource(corev1.SchemeGroupVersion.WithResource("pods")), Namespaces: local,
+		ExcludedNamespaces: opts.ExcludedNamespaces, Recorder: mgr.GetEventRecorder("watchgate"),
+	}
+	if err := mgr.Add(p.Unrouted); err != nil {
+		return nil, err
 	}
 	if opts.WebhookServer != nil {
 		p.Injector = &PodInjector{

@@ -38,6 +38,16 @@ type Cluster struct {
 	StartTime time.Duration
 }
 
+// Options configure the cluster Start starts.
+type Options struct {
+	// StaleVersions starts kube-apiserver as the test bed's
+	// apiserver.Options.StaleVersions does (hack/cluster.sh up
+	// --stale-versions): without a watch cache and with etcd compacted
+	// every 5 s, so that a resourceVersion goes "too old" within seconds
+	// of churn (StaleVersions) instead of minutes.
+	StaleVersions bool
+}
+
 // SkipReason says why a node cannot run here, or "" when it can.
 func SkipReason() string {
 	if runtime.GOOS != "linux" {
@@ -66,7 +76,7 @@ func Build(ctx context.Context) (binDir, testbinDir string, err error) {
 // Start builds what is missing and starts a cluster in dir, which must be
 // new or empty. Stop it with Stop, even when Start fails (Start stops
 // what it started itself, Stop then finds nothing left).
-func Start(ctx context.Context, dir string) (*Cluster, error) {
+func Start(ctx context.Context, dir string, opts Options) (*Cluster, error) {
 	if r := SkipReason(); r != "" {
 		return nil, errors.New(r)
 	}
@@ -76,7 +86,11 @@ func Start(ctx context.Context, dir string) (*Cluster, error) {
 	}
 	c := &Cluster{Dir: dir, Kubeconfig: filepath.Join(dir, "kubeconfig"), BinDir: binDir, TestbinDir: testbinDir}
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, script(), "up", dir)
+	args := []string{"up"}
+	if opts.StaleVersions {
+		args = append(args, "--stale-versions")
+	}
+	cmd := exec.CommandContext(ctx, script(), append(args, dir)...)
 	// The test binary owns the cluster: if it dies without Stop, the next
 	// `up` finds the cluster stale and stops it.
 	cmd.Env = append(os.Environ(), "WATCHGATE_CLUSTER_OWNER="+strconv.Itoa(os.Getpid()))
@@ -133,12 +147,12 @@ func command(ctx context.Context, name string, args ...string) (string, error) {
 }
 
 // Main is TestMain's body for a package of cluster tests: it starts one
-// cluster for the package into *c, runs setup on it (nil: nothing), then
+// cluster for the package into *c with opts, runs setup on it (nil: nothing), then
 // the tests, and stops it. Where a
 // node cannot run (SkipReason) it says so loudly and runs the tests with
 // *c nil; they skip through Need. A cluster that should start and does
 // not fails the package.
-func Main(m *testing.M, c **Cluster, setup func(*Cluster) error) int {
+func Main(m *testing.M, c **Cluster, opts Options, setup func(*Cluster) error) int {
 	if r := SkipReason(); r != "" {
 		fmt.Fprintf(os.Stderr, "\n!!! SKIPPING the cluster tests: %s\n\n", r)
 		return m.Run()
@@ -150,7 +164,7 @@ func Main(m *testing.M, c **Cluster, setup func(*Cluster) error) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cl, err := Start(ctx, dir)
+	cl, err := Start(ctx, dir, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start the cluster: %v\n", err)
 		if cl != nil {

@@ -23,11 +23,16 @@ var (
 	setupTime time.Duration
 )
 
-// agentImage is test/cluster/agent's image.
-const agentImage = "localhost/watchgate/agent:test"
+// agentImage is test/cluster/agent's image, stormImage
+// test/cluster/storm's.
+const (
+	agentImage = "localhost/watchgate/agent:test"
+	stormImage = "localhost/watchgate/storm:test"
+)
 
 func TestMain(m *testing.M) {
-	code := Main(m, &cl, setup)
+	// Stale versions in seconds, for the seed storm (storm_test.go).
+	code := Main(m, &cl, Options{StaleVersions: true}, setup)
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)
 	}
@@ -54,6 +59,9 @@ func setup(c *Cluster) error {
 	}
 	if err := c.ImportProgram(ctx, buildDir, "./test/cluster/agent", agentImage); err != nil {
 		return fmt.Errorf("the agent's image: %w", err)
+	}
+	if err := c.ImportProgram(ctx, buildDir, "./test/cluster/storm", stormImage); err != nil {
+		return fmt.Errorf("the storm's image: %w", err)
 	}
 	setupTime = time.Since(start)
 	fmt.Fprintf(os.Stderr, "images and helm ready in %.1fs\n", setupTime.Seconds())

@@ -2,10 +2,6 @@ package cluster
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -55,15 +51,7 @@ func TestSIGKILLedReplicaClientsServedWithinSeconds(t *testing.T) {
 		t.Fatalf("no replica serves the agent's watch: %v", err)
 	}
 
-	_, id, _ := strings.Cut(serving.Status.ContainerStatuses[0].ContainerID, "://")
-	b, err := os.ReadFile(filepath.Join(cl.Dir, "containerd", "state", "io.containerd.runtime.v2.task", "k8s.io", id, "init.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid := replicaPID(t, serving)
 	t.Logf("SIGKILL to replica %s (PID %d on the node), which serves %s", serving.Name, pid, agent)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -115,7 +115,9 @@ func TestSeparateInjectorRBAC(t *testing.T) {
 		{injector, []string{"update", "leases", "-n", "default"}, "no"},
 		{injector, []string{"create", "tokenreviews"}, "yes"},
 		{injector, []string{"create", "subjectaccessreviews"}, "yes"},
-		{injector, []string{"create", "events.events.k8s.io", "-n", "default"}, "no"},
+		// The NotRouted Event on an unrouted pod, in the pod's namespace.
+		{injector, []string{"create", "events.events.k8s.io", "-n", "team"}, "yes"},
+		{injector, []string{"create", "events", "-n", "team"}, "no"},
 		{proxy, []string{"update", "configmaps/watchgate-root-ca.crt", "-n", "default"}, "no"},
 		{proxy, []string{"create", "configmaps", "-n", "default"}, "no"},
 		{proxy, []string{"create", "events.events.k8s.io", "-n", "default"}, "yes"},
