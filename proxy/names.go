@@ -55,6 +55,7 @@ const (
 	GuardMemoryHighWater       = guard.GuardMemoryHighWater
 	GuardMaxWatches            = guard.GuardMaxWatches
 	GuardMaxWatchesPerIdentity = guard.GuardMaxWatchesPerIdentity
+	GuardMaxWatchesPerUser     = guard.GuardMaxWatchesPerUser
 	GuardFairShare             = guard.GuardFairShare
 	// GuardWatchOpenRate: the caller opened its burst of watches faster
 	// than its per-identity rate refills it.

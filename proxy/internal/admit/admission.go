@@ -107,8 +107,9 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
+			flow := flowOf(r, caller, id)
 			if a.Guard != nil {
-				reason, mem := a.Guard.Admit(a.Guard.Clock.Now(), caller)
+				reason, mem := a.Guard.AdmitFlow(a.Guard.Clock.Now(), flow)
 				if reason != "" {
 					a.notForwarded(&d, lead)
 					a.warnGuard(w, a.Clock.Now(), caller, reason, mem, guard.RetryAfterSeconds)
@@ -119,7 +120,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			if a.Opens != nil {
 				if wait, ok := a.Opens.allow(a.Clock.Now(), caller); !ok {
 					if a.Guard != nil {
-						a.Guard.Release(caller)
+						a.Guard.ReleaseFlow(flow)
 					}
 					a.notForwarded(&d, lead)
 					a.warnGuard(w, a.Clock.Now(), caller, GuardWatchOpenRate, nil, answer.RetryAfterSeconds(wait))
@@ -129,7 +130,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			}
 			var release func()
 			if a.Guard != nil {
-				release = func() { a.Guard.Release(caller) }
+				release = func() { a.Guard.ReleaseFlow(flow) }
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
@@ -138,6 +139,15 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// flowOf is the guard's flow of a watch caller opens as id: under the
+// caller, as the user it impersonates when it does.
+func flowOf(r *http.Request, caller string, id user.Info) guard.Flow {
+	if request.ImpersonatedFrom(r.Context()) {
+		return guard.FlowOf(caller, id.GetName())
+	}
+	return guard.FlowOf(caller, "")
 }
 
 // notForwarded ends a watch its budget admitted (d) and that is refused
