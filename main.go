@@ -97,6 +97,8 @@ type options struct {
 	// watch opens forwarded upstream (proxy.Options); 0 disables it.
 	watchOpensPerIdentity float64
 	watchOpenBurst        int
+	// maxWatchOpensInFlight: the bound on watch opens in flight upstream.
+	maxWatchOpensInFlight int
 	memoryHighWater       int
 	maxConnections        int
 	// bootstrapBudgets is --bootstrap-budgets as given; bootstrap is it
@@ -178,6 +180,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.Float64Var(&o.watchOpensPerIdentity, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
 	fs.IntVar(&o.watchOpenBurst, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
+	fs.IntVar(&o.maxWatchOpensInFlight, "max-watch-opens-in-flight", proxy.DefaultMaxWatchOpensInFlight, "Watch opens this replica has sent upstream and not had the response headers of; the others wait their turn, queued fairly between tenants (a namespace's service accounts together, any other caller alone) and the users behind an agent, at most 15 s, else 429 with Retry-After. 0: no bound.")
 	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
@@ -263,6 +266,9 @@ func (o *options) validate() error {
 	}
 	if o.watchOpenBurst < 0 {
 		errs = append(errs, fmt.Errorf("--watch-open-burst-per-identity %d: must not be negative", o.watchOpenBurst))
+	}
+	if o.maxWatchOpensInFlight < 0 {
+		errs = append(errs, fmt.Errorf("--max-watch-opens-in-flight %d: must not be negative", o.maxWatchOpensInFlight))
 	}
 	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
 		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
@@ -518,6 +524,7 @@ func run(ctx context.Context, args []string) error {
 		MaxWatchesPerIdentity:          o.maxWatchesPerIdentity,
 		WatchOpensPerIdentityPerSecond: o.watchOpensPerIdentity,
 		WatchOpenBurstPerIdentity:      o.watchOpenBurst,
+		MaxWatchOpensInFlight:          cmp.Or(o.maxWatchOpensInFlight, -1),
 		MemoryHighWaterPercent:         o.memoryHighWater,
 		MaxConnections:                 o.maxConnections,
 	})

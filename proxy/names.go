@@ -60,6 +60,12 @@ const (
 	// GuardWatchOpenRate: the caller opened its burst of watches faster
 	// than its per-identity rate refills it.
 	GuardWatchOpenRate = admit.GuardWatchOpenRate
+	// GuardWatchOpenQueue: the watch open waited too long for its turn
+	// among the watch opens in flight upstream.
+	GuardWatchOpenQueue = admit.GuardWatchOpenQueue
+	// DefaultMaxWatchOpensInFlight is the default of
+	// Options.MaxWatchOpensInFlight.
+	DefaultMaxWatchOpensInFlight = admit.DefaultMaxWatchOpensInFlight
 
 	// DefaultWatchOpensPerIdentityPerSecond and
 	// DefaultWatchOpenBurstPerIdentity are the defaults of

@@ -45,7 +45,7 @@ func TestConstrainedImpersonationChargesTheUser(t *testing.T) {
 		headers map[string]string
 		budget  string
 	}{
-		"user-info": {headers: map[string]string{"Impersonate-User": bob, "Impersonate-Group": "dev"}, budget: "bob"},
+		"user-info":      {headers: map[string]string{"Impersonate-User": bob, "Impersonate-Group": "dev"}, budget: "bob"},
 		"serviceaccount": {headers: map[string]string{"Impersonate-User": victim.Username()}, budget: "victim"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -58,6 +58,14 @@ func hold(t testing.TB, c *http.Client, url, token, path string, headers ...stri
 	return h
 }
 
+// mainDefaults sets the options main's flags default and proxy.Options
+// leaves 0.
+func mainDefaults(o *proxy.Options) {
+	o.WatchOpensPerIdentityPerSecond = proxy.DefaultWatchOpensPerIdentityPerSecond
+	o.WatchOpenBurstPerIdentity = proxy.DefaultWatchOpenBurstPerIdentity
+	o.MaxWatchOpensInFlight = proxy.DefaultMaxWatchOpensInFlight
+}
+
 // longWatch is a path of a watch of ns's configmaps that the API server
 // keeps open for the test's length.
 func longWatch(ns string) string {
@@ -129,7 +137,7 @@ func TestOneUserBehindAnAgentDoesNotSpendTheNextUsersOpens(t *testing.T) {
 	ns := uniqueName("opens")
 	everyoneReadsConfigMaps(t, ns)
 	agent := serviceAccount(t, ns, "agent", impersonateUsers)
-	p := startProxy(t, generous("everyone", 100))
+	p := startProxyWith(t, mainDefaults, generous("everyone", 100))
 	c := p.clientFrom("127.0.0.1")
 	defer c.CloseIdleConnections()
 
@@ -167,7 +175,7 @@ func TestAnAgentsMassReopenIsServed(t *testing.T) {
 func massReopen(t *testing.T, n int, limit time.Duration) {
 	ns := uniqueName("reopen")
 	agent := serviceAccount(t, ns, "agent", readWatch("configmaps"))
-	p := startProxy(t, generous("everyone", 100))
+	p := startProxyWith(t, mainDefaults, generous("everyone", 100))
 	var opened, next atomic.Int64
 	var mu sync.Mutex
 	refusals := map[string]int{}

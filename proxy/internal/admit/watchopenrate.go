@@ -17,14 +17,12 @@ const (
 	// DefaultWatchOpensPerIdentityPerSecond and
 	// DefaultWatchOpenBurstPerIdentity are the defaults of
 	// --watch-opens-per-identity-per-second and
-	// --watch-open-burst-per-identity: far above what client-go lets one
-	// client open (its default QPS 5, burst 10; controllers commonly run at
-	// 20–50), so an agent's restart with a few hundred informers is never
-	// held back, while one caller's thousand watches opened at once reach
-	// the API server as a ramp instead (each an etcd list and watch where
-	// the API server has no watch cache).
-	DefaultWatchOpensPerIdentityPerSecond = 30
-	DefaultWatchOpenBurstPerIdentity      = 300
+	// --watch-open-burst-per-identity: off. What the API server can take
+	// is bounded by the watch opens in flight (watchOpenSeats), shared
+	// fairly; a fixed rate per caller would hold an agent's restart (tens
+	// of thousands of watches for its users) for minutes.
+	DefaultWatchOpensPerIdentityPerSecond = 0
+	DefaultWatchOpenBurstPerIdentity      = 0
 	// maxWatchOpenRateKeys caps the callers whose watch-open buckets are
 	// tracked (48 bytes each, plus the map's own); callers beyond it share
 	// one bucket until the tracked ones refill and are dropped.
