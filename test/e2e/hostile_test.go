@@ -41,7 +41,6 @@ import (
 	"k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 
-	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -292,13 +291,8 @@ func TestLoadHostileTenant(t *testing.T) {
 
 	// Quiet: a first start that warms the caches on the way (not
 	// counted), then three starts, each with its control; the slowest is
-	// the quiet time. Every start opens victimInformers watches in the
-	// agent's name, and the replica's per-identity ceiling on watch opens
-	// refills at its default rate: starts back to back would open five
-	// starts' watches within a few seconds and exceed its burst, which no
-	// restart under attack (15 s apart) does. Each start waits until the
-	// ceiling has refilled what the one before took.
-	refill := victimInformers*time.Second/proxy.DefaultWatchOpensPerIdentityPerSecond + 500*time.Millisecond
+	// the quiet time, each half a second after the one before.
+	refill := 500 * time.Millisecond
 	var quiet, directQuiet time.Duration
 	for i := range 4 {
 		d, dd, err := both()
