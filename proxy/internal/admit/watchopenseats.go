@@ -71,11 +71,15 @@ type watchOpenSeats struct {
 
 // seatTenant is one tenant's waiting opens, per flow.
 type seatTenant struct {
-	flows   map[string][]*seatWaiter
-	ring    []string
+	flows   map[seatFlow][]*seatWaiter
+	ring    []seatFlow
 	next    int
 	waiting int
 }
+
+// seatFlow is a flow within a tenant: a caller, and the user it
+// impersonates ("": none). Its strings are the request's own, not copies.
+type seatFlow struct{ caller, user string }
 
 // seatWaiter is one waiting open; ready is closed when it is given a seat.
 type seatWaiter struct {
@@ -108,11 +112,11 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release fun
 		return nil, false
 	}
 	if t == nil {
-		t = &seatTenant{flows: map[string][]*seatWaiter{}}
+		t = &seatTenant{flows: map[seatFlow][]*seatWaiter{}}
 		s.tenants[f.Tenant] = t
 		s.ring = append(s.ring, f.Tenant)
 	}
-	key := f.Caller + "\x00" + f.User
+	key := seatFlow{f.Caller, f.User}
 	if _, ok := t.flows[key]; !ok {
 		t.ring = append(t.ring, key)
 	}
@@ -181,7 +185,7 @@ func (s *watchOpenSeats) dispatch() {
 
 // remove takes w out of its tenant's flow key, and the flow and tenant out
 // of their rings when they have nothing left waiting. Needs mu.
-func (s *watchOpenSeats) remove(tenant, key string, w *seatWaiter) {
+func (s *watchOpenSeats) remove(tenant string, key seatFlow, w *seatWaiter) {
 	t := s.tenants[tenant]
 	q := t.flows[key]
 	i := slices.Index(q, w)
