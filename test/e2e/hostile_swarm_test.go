@@ -29,9 +29,10 @@ import (
 const swarmAccounts = 12
 
 // TestLoadHostileSwarm is part of `make load-hostile`, not of `make test`
-// (build tag load): watchgate replicas with default flags (and the default
-// budgets their leader keeps) in front of a dedicated control plane with
-// its watch cache, loopback only.
+// (build tag load): watchgate replicas with default flags and no
+// WatchBudget (the guard and the open seats apply to every watch whatever
+// the budgets say) in front of a dedicated control plane with its watch
+// cache, loopback only.
 //
 //  1. An agent restarts: one caller reopens SWARM_REOPEN (10,000) watches
 //     at once from 100 connections, through a replica charted for it (2Gi,
