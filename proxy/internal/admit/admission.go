@@ -141,7 +141,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 				}
 			}
 			if a.Opens != nil {
-				if wait, ok := a.Opens.allow(a.Clock.Now(), caller); !ok {
+				if wait, ok := a.Opens.allow(a.Clock.Now(), caller, flow.User); !ok {
 					seat()
 					if a.Guard != nil {
 						a.Guard.ReleaseFlow(flow)
