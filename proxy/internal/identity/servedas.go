@@ -2,6 +2,7 @@ package identity
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -60,11 +61,13 @@ type outcomeKey struct{}
 
 // user returns the user kube-apiserver would serve r, sent by caller, as;
 // nil when it would refuse r (403 or 400), with the first review error
-// when a review failed.
+// when a review failed (or r could not be read).
 func (s *servedAs) user(r *http.Request, caller user.Info) (user.Info, error) {
 	info, err := s.infos.NewRequestInfo(r)
 	if err != nil {
-		return nil, nil
+		// Not reached: classification read the same request with the same
+		// factory.
+		return nil, fmt.Errorf("read the request as kube-apiserver: %w", err)
 	}
 	o := &outcome{}
 	ctx := context.WithValue(r.Context(), outcomeKey{}, o)
