@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/watchgate/watchgate/proxy"
 	"github.com/watchgate/watchgate/test/apiserver"
@@ -29,10 +31,9 @@ import (
 const swarmAccounts = 12
 
 // TestLoadHostileSwarm is part of `make load-hostile`, not of `make test`
-// (build tag load): watchgate replicas with default flags and no
-// WatchBudget (the guard and the open seats apply to every watch whatever
-// the budgets say) in front of a dedicated control plane with its watch
-// cache, loopback only.
+// (build tag load): watchgate replicas with default flags and the chart's
+// default budgets (--bootstrap-budgets) in front of a dedicated control
+// plane with its watch cache, loopback only.
 //
 //  1. An agent restarts: one caller reopens SWARM_REOPEN (10,000) watches
 //     at once from 100 connections, through a replica charted for it (2Gi,
@@ -108,7 +109,7 @@ func TestLoadHostileSwarm(t *testing.T) {
 	}
 
 	// 1. The agent's mass reopen.
-	big := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", (2<<30)*9/10>>20)})
+	big := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", (2<<30)*9/10>>20)}, chartBudgets(t, root))
 	var opened atomic.Int64
 	var mu sync.Mutex
 	reopenRefused := map[string]int{}
@@ -143,7 +144,7 @@ func TestLoadHostileSwarm(t *testing.T) {
 	}
 	big.stop()
 	const limit = 512 << 20
-	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", limit*9/10>>20)})
+	p := startWatchgate(t, e, bin, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", limit*9/10>>20)}, chartBudgets(t, root))
 	peakRSS := p.peakRSS(250 * time.Millisecond)
 	defer peakRSS()
 
@@ -241,4 +242,28 @@ func TestLoadHostileSwarm(t *testing.T) {
 	t.Logf("figures: agent's reopen (2Gi replica) %d watches in %v; victim quiet %v, during the swarm %s; swarm of %d accounts holds %d (ceiling %d), answers %v; guard refusals during the swarm: %s; victim 429s %d; peak RSS %d MiB (limit 512 MiB, GOMEMLIMIT 460 MiB); %s",
 		opened.Load(), reopenTook.Round(time.Millisecond), quiet.Round(time.Millisecond), durations(syncs), swarmAccounts, swarmHeld.Load(), ceiling,
 		swarmAnswers, strings.Join(parts, ", "), victim429.Load(), peak>>20, machine())
+}
+
+// chartBudgets is the --bootstrap-budgets flag the chart (and
+// config/manager/manager.yaml, the same pod) gives a replica: the default
+// budgets its leader keeps.
+func chartBudgets(t *testing.T, root string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "config", "manager", "manager.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := yaml.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range d.Spec.Template.Spec.Containers {
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--bootstrap-budgets=") {
+				return a
+			}
+		}
+	}
+	t.Fatal("config/manager/manager.yaml has no --bootstrap-budgets")
+	return ""
 }

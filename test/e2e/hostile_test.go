@@ -121,13 +121,6 @@ func TestLoadHostileTenant(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = e.Stop() })
 	ctx := context.Background()
-	budgets, err := os.ReadFile(filepath.Join(root, "config", "default", "budgets", "budgets.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kubectlApply(ctx, e, string(budgets)); err != nil {
-		t.Fatal(err)
-	}
 
 	// The victim: its own service account and one ConfigMap per informer.
 	victimNS := uniqueName("victim")
@@ -220,7 +213,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	const limit = 512 << 20
 	goMemLimit := limit * 9 / 10
 	flags := []string{"--tls-cert-file=" + filepath.Join(dir, "tls.crt"), "--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
-		"--webhook-port=" + webhookPort, "--pod-namespace=watchgate-system"}
+		"--webhook-port=" + webhookPort, "--pod-namespace=watchgate-system", chartBudgets(t, root)}
 	profiles := os.Getenv("HOSTILE_PROFILE")
 	pprofAddr := ""
 	if profiles != "" {
