@@ -276,8 +276,9 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // (release, when not nil) and its followers, when it leads (lead), are
 // handed over, also when the proxy panics out of the stream
 // (http.ErrAbortHandler). Its seat among the watch opens in flight (seat)
-// goes back as soon as the response's headers are written. Under relay.WithRelayAtTop the relay and the end run
-// there, after the filters have returned; otherwise here.
+// goes back as soon as the response's headers are written. Under
+// relay.WithRelayAtTop the relay and the end run there, after the filters
+// have returned; otherwise here.
 func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release, seat func(), next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())

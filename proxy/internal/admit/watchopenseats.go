@@ -13,6 +13,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
+	"github.com/watchgate/watchgate/ratelimit"
 )
 
 const (
@@ -36,6 +37,17 @@ const (
 	// seatRetryAfterSeconds is the Retry-After of a watch open refused a
 	// seat.
 	seatRetryAfterSeconds = 1
+	// tenantOpensPerSecond and tenantOpenBurst pace each tenant's watch
+	// opens: a free seat goes to a tenant only while its bucket holds a
+	// token, else the open waits (it is not refused). An API server without
+	// its watch cache answers each open with an etcd list, and one tenant
+	// keeping every seat busy would take its CPU from everyone; at this
+	// pace an agent's restart of 10,000 watches takes under a minute.
+	tenantOpensPerSecond = 200
+	tenantOpenBurst      = 500
+	// maxPacedTenants caps the tenants whose pace is tracked (see
+	// ratelimit.KeyRate); those beyond share one bucket.
+	maxPacedTenants = 16384
 )
 
 // GuardWatchOpenQueue: the watch open waited maxSeatWait for a seat among
@@ -50,7 +62,10 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 // tenant to its next flow (caller and impersonated user), round robin;
 // each flow's opens in the order they came. So however many watches one
 // tenant opens at once, another tenant's open waits for at most one of its
-// in each round, and the users behind one agent take turns too. A waiting
+// in each round, and the users behind one agent take turns too. Each
+// tenant is also paced (tenantOpensPerSecond after tenantOpenBurst): its
+// turn passes while its bucket is empty, and a timer gives the seat when
+// it refills. A waiting
 // open holds nothing shared (no guard place, no seat), only its request;
 // it waits at most maxSeatWait, and at most maxWaitingPerTenant wait per
 // tenant, maxWaiting in all; beyond, 429 with Retry-After.
@@ -60,6 +75,7 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 type watchOpenSeats struct {
 	seats int
 	clock clock.Clock
+	pace  *ratelimit.KeyRate
 
 	mu      sync.Mutex
 	inUse   int                    // guarded by mu
@@ -67,6 +83,7 @@ type watchOpenSeats struct {
 	tenants map[string]*seatTenant // tenants with opens waiting; guarded by mu
 	ring    []string               // those tenants, in turn order; guarded by mu
 	next    int                    // the index in ring whose turn is next; guarded by mu
+	paced   bool                   // a timer will dispatch when a bucket refills; guarded by mu
 }
 
 // seatTenant is one tenant's waiting opens, per flow.
@@ -90,10 +107,16 @@ type seatWaiter struct {
 // NewWatchOpenSeats returns the bound of seats watch opens in flight, or
 // nil (no bound) for 0.
 func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
+	return newPacedSeats(seats, tenantOpensPerSecond, tenantOpenBurst, clk)
+}
+
+// newPacedSeats is NewWatchOpenSeats with each tenant paced at perSecond
+// after burst.
+func newPacedSeats(seats int, perSecond float64, burst int, clk clock.Clock) *watchOpenSeats {
 	if seats <= 0 {
 		return nil
 	}
-	return &watchOpenSeats{seats: seats, clock: clk, tenants: map[string]*seatTenant{}}
+	return &watchOpenSeats{seats: seats, clock: clk, pace: ratelimit.NewKeyRate(perSecond, burst, maxPacedTenants), tenants: map[string]*seatTenant{}}
 }
 
 // acquire waits for a seat for a watch open of flow f; ok false when it
@@ -102,9 +125,11 @@ func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
 func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release func(), ok bool) {
 	s.mu.Lock()
 	if s.inUse < s.seats && s.waiting == 0 {
-		s.inUse++
-		s.mu.Unlock()
-		return s.releaser(), true
+		if _, ok := s.pace.Allow(s.clock.Now(), f.Tenant); ok {
+			s.inUse++
+			s.mu.Unlock()
+			return s.releaser(), true
+		}
 	}
 	t := s.tenants[f.Tenant]
 	if s.waiting >= maxWaiting || t != nil && t.waiting >= maxWaitingPerTenant {
@@ -124,6 +149,7 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release fun
 	t.flows[key] = append(t.flows[key], w)
 	t.waiting++
 	s.waiting++
+	s.dispatch()
 	s.mu.Unlock()
 
 	timer := s.clock.NewTimer(maxSeatWait)
@@ -161,13 +187,26 @@ func (s *watchOpenSeats) releaser() func() {
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by
-// flow. Needs mu.
+// flow, passing over the tenants whose pace allows no open now; when every
+// waiting tenant is passed over, a timer dispatches again once the first
+// of them may open. Needs mu.
 func (s *watchOpenSeats) dispatch() {
-	for s.inUse < s.seats && s.waiting > 0 {
+	now := s.clock.Now()
+	passed, soonest := 0, time.Duration(0)
+	for s.inUse < s.seats && s.waiting > 0 && passed < len(s.ring) {
 		if s.next >= len(s.ring) {
 			s.next = 0
 		}
 		name := s.ring[s.next]
+		if wait, ok := s.pace.Allow(now, name); !ok {
+			if passed == 0 || wait < soonest {
+				soonest = wait
+			}
+			passed++
+			s.next++
+			continue
+		}
+		passed = 0
 		t := s.tenants[name]
 		if t.next >= len(t.ring) {
 			t.next = 0
@@ -180,6 +219,22 @@ func (s *watchOpenSeats) dispatch() {
 		t.next++
 		s.next++
 		s.remove(name, key, w)
+	}
+	if s.inUse < s.seats && s.waiting > 0 && !s.paced {
+		s.paced = true
+		again := func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.paced = false
+			s.dispatch()
+		}
+		if d, ok := s.clock.(clock.WithDelayedExecution); ok {
+			// On its own goroutine: a fake clock calls it holding its lock,
+			// which dispatch's Now takes again.
+			d.AfterFunc(soonest, func() { go again() })
+		} else {
+			time.AfterFunc(soonest, again)
+		}
 	}
 }
 
