@@ -135,6 +135,7 @@ var proxyFlags = map[string]string{
 	"maxWatchesPerIdentity":                  "max-watches-per-identity",
 	"watchOpensPerIdentityPerSecond":         "watch-opens-per-identity-per-second",
 	"watchOpenBurstPerIdentity":              "watch-open-burst-per-identity",
+	"maxWatchOpensInFlight":                  "max-watch-opens-in-flight",
 	"maxConnections":                         "max-connections",
 	"memoryHighWaterPercent":                 "memory-high-water-percent",
 }
@@ -189,6 +190,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.proxy.MaxWatchesPerIdentity, "max-watches-per-identity", 0, "Watches one caller (authenticated identity, whoever it impersonates) holds through this replica at once; beyond it its new watches get 429 with Retry-After. 0 (default): a quarter of --max-watches, so that one caller never fills a replica; at most --max-watches.")
 	fs.Float64Var(&o.proxy.WatchOpensPerIdentityPerSecond, "watch-opens-per-identity-per-second", proxy.DefaultWatchOpensPerIdentityPerSecond, "Watches one caller (authenticated identity, whoever it impersonates) opens through this replica per second, on average, once it has opened --watch-open-burst-per-identity at once; beyond it its new watches get 429 with Retry-After. Watches answered without the API server are not counted. 0: no ceiling.")
 	fs.IntVar(&o.proxy.WatchOpenBurstPerIdentity, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
+	fs.IntVar(&o.proxy.MaxWatchOpensInFlight, "max-watch-opens-in-flight", proxy.DefaultMaxWatchOpensInFlight, "Watch opens this replica has sent upstream and not had the response headers of; the others wait their turn, queued fairly between tenants (a namespace's service accounts together, any other caller alone) and the users behind an agent, at most 15 s, else 429 with Retry-After. 0: the default; negative: no bound.")
 	fs.IntVar(&o.proxy.MaxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; connections on which nothing authenticated are shed first (and closed after 20 s); near the cap one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of its memory limit: GOMEMLIMIT, or the one watchgate sets without it (see --max-watches). 1–100; 100: never; 0: the default.")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+

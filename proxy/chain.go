@@ -40,9 +40,11 @@ type step struct {
 //     needs a budget identity (and its SubjectAccessReview);
 //   - within admission: coalescing before the budget, so that a follower
 //     is decided after its leader learnt whether the version is stale;
-//     the budget before the watch guard, so that a watch holds a place on
-//     the replica only once its budget admitted it; the watch opens last,
-//     taken only by a watch about to go upstream;
+//     the budget before the wait for an open seat and the watch guard, so
+//     that a watch waits and holds a place on the replica only once its
+//     budget admitted it; the seat before the guard, so that a waiting
+//     watch holds no place; the watch-open rate last, taken only by a
+//     watch about to go upstream;
 //   - then the reverse proxy forwards, and the stream is relayed (from the
 //     top) and read as it passes.
 func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, policy review.FailurePolicy, adm *admit.Admission, topEndpoint http.Handler, logs *sampledlog.Logger) []step {
@@ -57,11 +59,12 @@ func steps(tokens authenticator.Token, impersonation authorizer.Authorizer, poli
 			return identity.WithBudgetIdentity(impersonation, policy, identity.ChargesOf(adm.Engine), logs, next)
 		}},
 		{"Coalesce", func(next http.Handler) http.Handler { return admit.WithAdmission(adm, next) }},
-		{"Admit", nil},             // admit.WithAdmission: engine.Decide
-		{"Guard the replica", nil}, // admit.WithAdmission: guard.Guard.Admit
-		{"Limit watch opens", nil}, // admit.WithAdmission: the watch open rate
-		{"Forward", nil},           // forward: upstream.NewReverseProxy
-		{"Stream and learn", nil},  // relay.Watch.Relay, from relay.WithRelayAtTop
+		{"Admit", nil},                 // admit.WithAdmission: engine.Decide
+		{"Wait for an open seat", nil}, // admit.WithAdmission: the watch opens in flight
+		{"Guard the replica", nil},     // admit.WithAdmission: guard.Guard.Admit
+		{"Limit watch opens", nil},     // admit.WithAdmission: the watch open rate
+		{"Forward", nil},               // forward: upstream.NewReverseProxy
+		{"Stream and learn", nil},      // relay.Watch.Relay, from relay.WithRelayAtTop
 	}
 }
 

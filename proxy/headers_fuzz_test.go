@@ -83,7 +83,7 @@ func FuzzCredentialHeaders(f *testing.F) {
 		}
 
 		// The impersonated user.
-		target, _, impErr := identity.ImpersonationRequest(callertest.Alice, h.Clone())
+		target, impErr := identity.ImpersonationRequest(callertest.Alice, h.Clone())
 		want, code := kubeImpersonation(h.Clone())
 		switch {
 		case code == http.StatusBadRequest:

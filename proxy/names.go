@@ -59,10 +59,17 @@ const (
 	GuardMemoryHighWater       = guard.GuardMemoryHighWater
 	GuardMaxWatches            = guard.GuardMaxWatches
 	GuardMaxWatchesPerIdentity = guard.GuardMaxWatchesPerIdentity
+	GuardMaxWatchesPerUser     = guard.GuardMaxWatchesPerUser
 	GuardFairShare             = guard.GuardFairShare
 	// GuardWatchOpenRate: the caller opened its burst of watches faster
 	// than its per-identity rate refills it.
 	GuardWatchOpenRate = admit.GuardWatchOpenRate
+	// GuardWatchOpenQueue: the watch open waited too long for its turn
+	// among the watch opens in flight upstream.
+	GuardWatchOpenQueue = admit.GuardWatchOpenQueue
+	// DefaultMaxWatchOpensInFlight is the default of
+	// Options.MaxWatchOpensInFlight.
+	DefaultMaxWatchOpensInFlight = admit.DefaultMaxWatchOpensInFlight
 
 	// DefaultWatchOpensPerIdentityPerSecond and
 	// DefaultWatchOpenBurstPerIdentity are the defaults of

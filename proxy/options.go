@@ -178,6 +178,12 @@ type Options struct {
 	// DefaultWatchOpenBurstPerIdentity).
 	WatchOpensPerIdentityPerSecond float64
 	WatchOpenBurstPerIdentity      int
+	// MaxWatchOpensInFlight bounds the watch opens this replica has sent
+	// upstream and whose response headers are not back; the others wait
+	// their turn, fairly queued by tenant and flow (see guard.Flow), at
+	// most 15 s, else 429 (reason="WatchOpenQueue"). 0:
+	// DefaultMaxWatchOpensInFlight; negative: no bound.
+	MaxWatchOpensInFlight int
 	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
 	// while the Go runtime's memory in use is above this percentage of its
 	// memory limit (GOMEMLIMIT, or debug.SetMemoryLimit: main sets one
@@ -324,6 +330,7 @@ func (o Options) complete() Options {
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
 	defInt(&o.MemoryHighWaterPercent, guard.DefaultMemoryHighWaterPercent)
+	defInt(&o.MaxWatchOpensInFlight, DefaultMaxWatchOpensInFlight)
 	if o.MaxWatchesPerIdentity == 0 {
 		o.MaxWatchesPerIdentity = guard.DefaultMaxWatchesPerIdentity(o.MaxWatches)
 	}

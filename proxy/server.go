@@ -162,12 +162,13 @@ func NewServer(opts Options) (*Server, error) {
 	watches := relay.NewOpenWatches()
 	guard := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
 	opens := admit.NewWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
+	seats := admit.NewWatchOpenSeats(o.MaxWatchOpensInFlight, o.Clock)
 	warnings := admit.NewWarningLimiter(admit.WarningInterval, admit.MaxWarnedIdentities)
 	adm := &admit.Admission{
 		Engine: o.Engine, Clock: o.Clock, Watches: watches, Log: decisionLogs,
 		MaxDelay: o.MaxRejectDelay, DelaySlots: make(chan struct{}, o.MaxDelayedRejections),
 		Coalescer: coalesce.New(), QuietWindow: coalesce.LeaderQuietWindow, FollowerWait: coalesce.FollowerWait,
-		Guard: guard, Opens: opens, Warnings: warnings,
+		Guard: guard, Seats: seats, Opens: opens, Warnings: warnings,
 	}
 	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, relay.ForwardedWatch)
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, topEndpoint, errorLogs, forward)

@@ -22,10 +22,11 @@ import (
 // another caller's first watch gets in.
 func TestOneCallerCannotTakeTheReplica(t *testing.T) {
 	ctx := context.Background()
+	// Three namespaces: a namespace's service accounts share one place.
 	ns := uniqueName("fairshare")
 	greedy := serviceAccount(t, ns, "greedy", readWatch("configmaps"))
-	hoarder := serviceAccount(t, ns, "hoarder", readWatch("configmaps"))
-	other := serviceAccount(t, ns, "other", readWatch("configmaps"))
+	hoarder := serviceAccount(t, uniqueName("hoarder"), "hoarder", readWatch("configmaps"))
+	other := serviceAccount(t, uniqueName("other"), "other", readWatch("configmaps"))
 	// The greedy caller's budget lets it hold 2 watches; its further
 	// watches wait up to 3s before their 429.
 	greedyBudget := generous("greedy-"+ns, 10)

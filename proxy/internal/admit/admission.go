@@ -40,6 +40,11 @@ type Admission struct {
 	// guard, when not nil, shares the replica's watches among the callers
 	// (see guard.Guard); it decides after the budget.
 	Guard *guard.Guard
+	// seats, when not nil, bounds the watch opens in flight upstream and
+	// queues the others fairly (see watchOpenSeats); a watch waits for its
+	// seat after its budget admitted it and before the guard, so that a
+	// waiting watch holds no place on the replica.
+	Seats *watchOpenSeats
 	// opens, when not nil, caps how fast each caller opens watches that
 	// go upstream (see watchOpenRate); it decides after the guard.
 	Opens *watchOpenRate
@@ -64,9 +69,12 @@ type Engine interface {
 // asks the watch guard for a place on the replica, and is followed to its
 // end (relay.Watch). So a watch holds a guard place only once its budget
 // admitted it: never while it follows a leader, nor through a rejection's
-// delay. Last, a watch about to go upstream takes one of its caller's watch
-// opens (watchOpenRate); refused, it gives its place back and is answered
-// 429 at once.
+// delay. Before the guard, an admitted watch waits its turn for a seat
+// among the watch opens in flight upstream (watchOpenSeats), holding
+// nothing shared while it waits; the seat goes back once the response's
+// headers are written. Last, a watch about to go upstream takes one of its
+// caller's watch opens (watchOpenRate, off by default); refused, it gives
+// its place back and is answered 429 at once.
 func WithAdmission(a *Admission, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, ok := request.ClassificationFrom(r.Context())
@@ -107,9 +115,25 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			}
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
+			flow := flowOf(r, caller, id)
+			seat := func() {}
+			if a.Seats != nil {
+				release, ok := a.Seats.acquire(r.Context(), flow)
+				if !ok {
+					a.notForwarded(&d, lead)
+					if r.Context().Err() == nil {
+						a.warnGuard(w, a.Clock.Now(), caller, GuardWatchOpenQueue, nil, seatRetryAfterSeconds)
+						a.Seats.Refuse(w, r)
+					}
+					return
+				}
+				seat = release
+				defer release()
+			}
 			if a.Guard != nil {
-				reason, mem := a.Guard.Admit(a.Guard.Clock.Now(), caller)
+				reason, mem := a.Guard.AdmitFlow(a.Guard.Clock.Now(), flow)
 				if reason != "" {
+					seat()
 					a.notForwarded(&d, lead)
 					a.warnGuard(w, a.Clock.Now(), caller, reason, mem, guard.RetryAfterSeconds)
 					a.Guard.Refuse(w, r, reason, mem)
@@ -117,9 +141,10 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 				}
 			}
 			if a.Opens != nil {
-				if wait, ok := a.Opens.allow(a.Clock.Now(), caller); !ok {
+				if wait, ok := a.Opens.allow(a.Clock.Now(), caller, flow.User); !ok {
+					seat()
 					if a.Guard != nil {
-						a.Guard.Release(caller)
+						a.Guard.ReleaseFlow(flow)
 					}
 					a.notForwarded(&d, lead)
 					a.warnGuard(w, a.Clock.Now(), caller, GuardWatchOpenRate, nil, answer.RetryAfterSeconds(wait))
@@ -129,15 +154,24 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			}
 			var release func()
 			if a.Guard != nil {
-				release = func() { a.Guard.Release(caller) }
+				release = func() { a.Guard.ReleaseFlow(flow) }
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
-			a.serveWatch(w, r, c, &d, start, lead, release, next)
+			a.serveWatch(w, r, c, &d, start, lead, release, seat, next)
 		default:
 			serveList(w, r, c, next)
 		}
 	})
+}
+
+// flowOf is the guard's flow of a watch caller opens as id: under the
+// caller, as the user it impersonates when it does.
+func flowOf(r *http.Request, caller string, id user.Info) guard.Flow {
+	if request.ImpersonatedFrom(r.Context()) {
+		return guard.FlowOf(caller, id.GetName())
+	}
+	return guard.FlowOf(caller, "")
 }
 
 // notForwarded ends a watch its budget admitted (d) and that is refused
@@ -246,9 +280,11 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // the engine hears of its end, its place in the watch guard goes back
 // (release, when not nil) and its followers, when it leads (lead), are
 // handed over, also when the proxy panics out of the stream
-// (http.ErrAbortHandler). Under relay.WithRelayAtTop the relay and the end run
-// there, after the filters have returned; otherwise here.
-func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), next http.Handler) {
+// (http.ErrAbortHandler). Its seat among the watch opens in flight (seat)
+// goes back as soon as the response's headers are written. Under
+// relay.WithRelayAtTop the relay and the end run there, after the filters
+// have returned; otherwise here.
+func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release, seat func(), next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	ws := relay.NewWatch(a.Engine, a.Clock, a.Log, c, *d, start, r.Context(), cancel)
@@ -290,7 +326,8 @@ func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	activeWatches.Inc()
 	upstreamWatchOpens.Inc()
 	st.Watch = ws
-	next.ServeHTTP(relay.NewWatchHeaders(w), r.WithContext(ctx))
+	next.ServeHTTP(relay.NewWatchHeaders(seatWriter{ResponseWriter: w, release: seat}), r.WithContext(ctx))
+	seat()
 	if !ws.Streaming() {
 		return
 	}

@@ -128,10 +128,15 @@ func (a *Admission) warnGuardOwed(w http.ResponseWriter, caller string) {
 }
 
 // refusalText says which limit of the replica refused a watch for reason:
-// the watch-open ceiling's, or the guard's.
+// the watch-open ceiling's, the watch opens in flight's, or the guard's.
 func (a *Admission) refusalText(reason string, s *guard.MemorySample) string {
-	if reason == GuardWatchOpenRate && a.Opens != nil {
+	switch {
+	case reason == GuardWatchOpenRate && a.Opens != nil:
 		return a.Opens.text()
+	case reason == GuardWatchOpenQueue && a.Seats != nil:
+		return a.Seats.text()
+	case a.Guard == nil:
+		return reason
 	}
 	return a.Guard.RefusalText(reason, s)
 }

@@ -17,14 +17,12 @@ const (
 	// DefaultWatchOpensPerIdentityPerSecond and
 	// DefaultWatchOpenBurstPerIdentity are the defaults of
 	// --watch-opens-per-identity-per-second and
-	// --watch-open-burst-per-identity: far above what client-go lets one
-	// client open (its default QPS 5, burst 10; controllers commonly run at
-	// 20–50), so an agent's restart with a few hundred informers is never
-	// held back, while one caller's thousand watches opened at once reach
-	// the API server as a ramp instead (each an etcd list and watch where
-	// the API server has no watch cache).
-	DefaultWatchOpensPerIdentityPerSecond = 30
-	DefaultWatchOpenBurstPerIdentity      = 300
+	// --watch-open-burst-per-identity: off. What the API server can take
+	// is bounded by the watch opens in flight (watchOpenSeats), shared
+	// fairly; a fixed rate per caller would hold an agent's restart (tens
+	// of thousands of watches for its users) for minutes.
+	DefaultWatchOpensPerIdentityPerSecond = 0
+	DefaultWatchOpenBurstPerIdentity      = 0
 	// maxWatchOpenRateKeys caps the callers whose watch-open buckets are
 	// tracked (48 bytes each, plus the map's own); callers beyond it share
 	// one bucket until the tracked ones refill and are dropped.
@@ -44,11 +42,21 @@ const GuardWatchOpenRate = "WatchOpenRate"
 // before they are forwarded: a watch answered locally (a stale version, a
 // follower that learnt its leader's 410) or refused costs nothing. A
 // refused open is answered at once, holding nothing.
+//
+// The users behind an impersonating caller share its bucket: each has a
+// bucket of its own of a quarter of the rate and burst, which an open
+// must pass first, so one user cannot spend the whole of its caller's
+// opens and leave none for the next.
 type watchOpenRate struct {
 	rate      *ratelimit.KeyRate
+	users     *ratelimit.KeyRate
 	perSecond float64
 	burst     int
 }
+
+// perUserRateDivisor divides a caller's rate and burst into what one user
+// it impersonates may open.
+const perUserRateDivisor = 4
 
 // NewWatchOpenRate returns the ceiling of perSecond opens per caller up to
 // burst, or nil (no ceiling) when either is 0 (or the rate infinite).
@@ -56,12 +64,22 @@ func NewWatchOpenRate(perSecond float64, burst int) *watchOpenRate {
 	if !(perSecond > 0) || math.IsInf(perSecond, 1) || burst <= 0 {
 		return nil
 	}
-	return &watchOpenRate{rate: ratelimit.NewKeyRate(perSecond, burst, maxWatchOpenRateKeys), perSecond: perSecond, burst: burst}
+	return &watchOpenRate{
+		rate:      ratelimit.NewKeyRate(perSecond, burst, maxWatchOpenRateKeys),
+		users:     ratelimit.NewKeyRate(perSecond/perUserRateDivisor, max(1, burst/perUserRateDivisor), maxWatchOpenRateKeys),
+		perSecond: perSecond, burst: burst,
+	}
 }
 
-// allow takes one open of caller's bucket at now, or returns the wait until
-// it may open one.
-func (o *watchOpenRate) allow(now time.Time, caller string) (time.Duration, bool) {
+// allow takes one open of caller's bucket at now, and first one of its
+// impersonated user's (user, "" for none), or returns the wait until it
+// may open one.
+func (o *watchOpenRate) allow(now time.Time, caller, user string) (time.Duration, bool) {
+	if user != "" {
+		if wait, ok := o.users.Allow(now, caller+"\x00"+user); !ok {
+			return wait, false
+		}
+	}
 	return o.rate.Allow(now, caller)
 }
 

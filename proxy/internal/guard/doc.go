@@ -1,8 +1,11 @@
-// Package guard shares this replica's watches among its callers: Guard
-// admits a watch its budget already admitted only while the replica can
-// afford it (503 above the memory high-water mark of GOMEMLIMIT, read from
-// the runtime, MemoryReader), 429 at the replica's cap (MaxWatches), at
-// the cap per caller, and near either beyond the caller's fair share. A
+// Package guard shares this replica's watches over a tree of flows
+// (Flow: tenants — a namespace's service accounts together, any other
+// caller alone —, their callers, the users an impersonating caller acts
+// as): Guard admits a watch its budget already admitted only while the
+// replica can afford it (503 above the memory high-water mark of
+// GOMEMLIMIT, read from the runtime, MemoryReader), 429 at the replica's
+// cap (MaxWatches), at the cap per tenant, at a quarter of it per
+// impersonated user, and near each beyond a fair share, max-min. A
 // new reason to refuse a watch for the replica's sake is added here;
 // reasons of a budget belong to ratelimit, and the order of the checks to
 // proxy's admission.

@@ -34,6 +34,10 @@ const (
 	// Options.MaxWatchesPerIdentity: a quarter of MaxWatches, so that at
 	// least four callers fill a replica, and one caller alone never does.
 	defaultMaxWatchesPerIdentityDivisor = 4
+	// perUserDivisor derives the cap of one user behind an impersonating
+	// caller: a quarter of the caller's, so that at least four of its users
+	// fill it, and one alone never does.
+	perUserDivisor = 4
 	// fairShareFromPercent is how full the replica must be, in percent of
 	// MaxWatches, before each caller is held to its fair share.
 	fairShareFromPercent = 75
@@ -68,35 +72,46 @@ const (
 	// GuardMaxWatchesPerIdentity: the caller holds MaxWatchesPerIdentity
 	// of the replica's watches already; answered 429.
 	GuardMaxWatchesPerIdentity = "MaxWatchesPerIdentity"
-	// GuardFairShare: the replica is near its watch cap or memory mark and
-	// the caller holds its fair share of the watches or more; answered
+	// GuardMaxWatchesPerUser: the user an impersonating caller acts as
+	// holds a quarter of the caller's MaxWatchesPerIdentity already;
+	// answered 429.
+	GuardMaxWatchesPerUser = "MaxWatchesPerUser"
+	// GuardFairShare: the replica, the caller's tenant or the caller is
+	// near its cap (or the replica near its memory mark) and the tenant,
+	// caller or user asking holds its fair share of it or more; answered
 	// 429.
 	GuardFairShare = "FairShare"
 )
 
 // Guard protects the replica itself, whatever the budgets say, and
-// shares it fairly among the callers (authenticated identities, the ones
-// whose credentials the connection carries, never an impersonated name):
+// shares it fairly over a tree of flows (see Flow): tenants (a namespace's
+// service accounts together, any other caller alone), their callers
+// (authenticated identities), and the users an impersonating caller acts
+// as. Each level is shared max-min, like API Priority and Fairness shares
+// seats among flows, without ever cutting an open watch:
 //
 //   - above the memory high-water mark no new watch is admitted, so that
 //     the pod answers 503 instead of being OOM-killed (and taking every
 //     routed agent's watches with it);
 //   - at maxWatches no new watch is admitted;
-//   - a caller that holds perIdentity watches gets no more;
-//   - near the limits (fairShareFromPercent of maxWatches, or
-//     fairShareMemoryFraction of the memory mark) a caller that holds its
-//     fair share or more gets no more, while callers below their share still
-//     get in: max-min fairness over the callers holding watches (see
-//     fairShare).
+//   - a tenant that holds perIdentity watches gets no more: twelve
+//     service accounts of one namespace hold what one caller may;
+//   - a user behind an impersonating caller that holds a quarter of
+//     perIdentity gets no more, so that one user cannot take its caller's
+//     place from the next; the caller as a whole keeps perIdentity;
+//   - near a cap (fairShareFromPercent of it) whoever holds its fair share
+//     or more of it gets no more, while those below their share still get
+//     in: callers of a tenant near perIdentity, users of a caller near
+//     perIdentity, tenants of the replica near maxWatches (or near
+//     fairShareMemoryFraction of the memory mark) (see fairShare).
 //
-// Open watches are never cut. The guard runs after the budget's decision,
-// for admitted watches only: a rejected watch, or one waiting for its
-// leader's verdict, holds no place.
+// The guard runs after the budget's decision, for admitted watches only:
+// a rejected watch, or one waiting for its leader's verdict or its turn to
+// open, holds no place.
 //
-// Each decision and release is O(1): one lock, one map lookup. State is
-// one map entry per caller holding watches (the key shares the caller's
-// name with its requests), so at most one per open watch. It is safe for
-// concurrent use.
+// Each decision and release is O(1): one lock, three map lookups. State is
+// one map entry per tenant, caller and user holding watches, so at most
+// three per open watch. It is safe for concurrent use.
 type Guard struct {
 	// maxWatches caps watches in flight through the replica; 0 is no cap.
 	maxWatches int64
@@ -111,9 +126,9 @@ type Guard struct {
 	memory           *memorySampler
 	Clock            clock.PassiveClock
 
-	mu   sync.Mutex
-	open int64            // guarded by mu
-	held map[string]int64 // watches per caller holding any; guarded by mu
+	mu      sync.Mutex
+	open    int64                  // guarded by mu
+	tenants map[string]*tenantHold // the tenants holding watches; guarded by mu
 }
 
 // New returns a Guard that admits at most maxWatches watches on the
@@ -124,16 +139,26 @@ func New(maxWatches, perIdentity, highWaterPercent int, read MemoryReader, clk c
 	guardMaxWatches.Set(float64(maxWatches))
 	return &Guard{
 		maxWatches: int64(maxWatches), perIdentity: int64(perIdentity), highWater: float64(highWaterPercent) / 100, highWaterPercent: highWaterPercent,
-		memory: newMemorySampler(read), Clock: clk, held: map[string]int64{},
+		memory: newMemorySampler(read), Clock: clk, tenants: map[string]*tenantHold{},
 	}
 }
 
 // guardState is what the guard knows when it decides one watch open.
 type guardState struct {
 	// open is the watches in flight before this one; held those of its
-	// caller; callers the callers holding any.
+	// tenant; callers the tenants holding any, counting its tenant.
 	open, held int64
 	callers    int
+	// callerHeld is what the watch's caller holds; tenantCallers the
+	// callers of its tenant holding any, counting its caller.
+	callerHeld    int64
+	tenantCallers int
+	// impersonated: the watch is a user's behind its caller; userHeld is
+	// what that user holds, callerUsers the users of the caller holding
+	// any, counting this one.
+	impersonated bool
+	userHeld     int64
+	callerUsers  int
 	// highWater: memory is above the high-water mark; nearMemory: above
 	// fairShareMemoryFraction of it.
 	highWater, nearMemory bool
@@ -149,64 +174,136 @@ func guardVerdict(s guardState, maxWatches, perIdentity int64) string {
 		return GuardMaxWatches
 	case perIdentity > 0 && s.held >= perIdentity:
 		return GuardMaxWatchesPerIdentity
+	case perIdentity > 0 && s.impersonated && s.userHeld >= max(1, perIdentity/perUserDivisor):
+		return GuardMaxWatchesPerUser
+	case perIdentity > 0 && near(s.held, perIdentity) && s.callerHeld >= share(perIdentity, s.tenantCallers):
+		return GuardFairShare
+	case perIdentity > 0 && s.impersonated && near(s.callerHeld, perIdentity) && s.userHeld >= share(perIdentity, s.callerUsers):
+		return GuardFairShare
 	}
-	nearCap := maxWatches > 0 && s.open*100 >= maxWatches*fairShareFromPercent
-	if (nearCap || s.nearMemory) && s.held >= fairShare(s, maxWatches) {
+	if (near(s.open, maxWatches) || s.nearMemory) && s.held >= fairShare(s, maxWatches) {
 		return GuardFairShare
 	}
 	return ""
 }
 
-// fairShare is the most watches one caller may hold while the replica is
+// near reports whether held is at fairShareFromPercent of capacity or
+// more; never for no capacity.
+func near(held, capacity int64) bool {
+	return capacity > 0 && held*100 >= capacity*fairShareFromPercent
+}
+
+// share is capacity divided evenly among n, rounded up, at least 1.
+func share(capacity int64, n int) int64 {
+	return max(1, (capacity+int64(n)-1)/int64(max(n, 1)))
+}
+
+// fairShare is the most watches one tenant may hold while the replica is
 // near its limits: the capacity (maxWatches, or the watches open when there
-// is no cap and memory is what runs short) divided evenly among the callers
-// holding watches, counting the one asking, and at least 1. A caller below
+// is no cap and memory is what runs short) divided evenly among the tenants
+// holding watches, counting the one asking, and at least 1. A tenant below
 // it is admitted up to the cap itself, one above it is not, so the last
-// quarter of a replica goes to the callers that hold the least: max-min
-// fairness, without ever cutting an open watch.
+// quarter of a replica goes to the tenants that hold the least: max-min
+// fairness, without ever cutting an open watch. The callers of a tenant
+// and the users of a caller share their level's cap the same way.
 func fairShare(s guardState, maxWatches int64) int64 {
-	callers := int64(s.callers)
-	if s.held == 0 {
-		callers++
-	}
 	capacity := maxWatches
 	if capacity <= 0 {
 		capacity = s.open
 	}
-	return max(1, (capacity+callers-1)/callers)
+	return share(capacity, s.callers)
 }
 
-// Admit takes a place for one watch of caller at now, or returns the
-// reason it cannot; after "", call release(caller) when the watch ends.
+// Admit takes a place for one watch of caller in its own name at now; see
+// AdmitFlow.
 func (g *Guard) Admit(now time.Time, caller string) (reason string, s *MemorySample) {
+	return g.AdmitFlow(now, FlowOf(caller, ""))
+}
+
+// Release gives back a place Admit took for caller.
+func (g *Guard) Release(caller string) { g.ReleaseFlow(FlowOf(caller, "")) }
+
+// AdmitFlow takes a place for one watch of flow f at now, or returns the
+// reason it cannot; after "", call ReleaseFlow(f) when the watch ends.
+func (g *Guard) AdmitFlow(now time.Time, f Flow) (reason string, s *MemorySample) {
 	s = g.memory.at(now)
-	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction)}
+	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction), impersonated: f.User != ""}
 	if st.highWater {
 		g.memory.reclaim(now)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st.open, st.held, st.callers = g.open, g.held[caller], len(g.held)
+	st.open, st.callers = g.open, len(g.tenants)
+	t := g.tenants[f.Tenant]
+	var c *callerHold
+	if t != nil {
+		st.held, st.tenantCallers = t.held, len(t.callers)
+		c = t.callers[f.Caller]
+	} else {
+		st.callers++
+	}
+	if c != nil {
+		st.callerHeld, st.callerUsers = c.held, len(c.users)
+		st.userHeld = c.users[f.User]
+	} else {
+		st.tenantCallers++
+	}
+	if st.impersonated && st.userHeld == 0 {
+		st.callerUsers++
+	}
 	if reason = guardVerdict(st, g.maxWatches, g.perIdentity); reason != "" {
 		return reason, s
 	}
 	g.open++
-	g.held[caller] = st.held + 1
-	guardCallers.Set(float64(len(g.held)))
+	if t == nil {
+		t = &tenantHold{callers: map[string]*callerHold{}}
+		g.tenants[f.Tenant] = t
+	}
+	if c == nil {
+		c = &callerHold{}
+		t.callers[f.Caller] = c
+	}
+	t.held++
+	c.held++
+	if st.impersonated {
+		if c.users == nil {
+			c.users = map[string]int64{}
+		}
+		c.users[f.User]++
+	}
+	guardCallers.Set(float64(len(g.tenants)))
 	return "", s
 }
 
-// Release gives back a place admit took for caller.
-func (g *Guard) Release(caller string) {
+// ReleaseFlow gives back a place AdmitFlow took for f.
+func (g *Guard) ReleaseFlow(f Flow) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.open--
-	if n := g.held[caller] - 1; n > 0 {
-		g.held[caller] = n
-	} else {
-		delete(g.held, caller)
+	t := g.tenants[f.Tenant]
+	if t == nil {
+		return
 	}
-	guardCallers.Set(float64(len(g.held)))
+	c := t.callers[f.Caller]
+	if c == nil {
+		return
+	}
+	g.open--
+	t.held--
+	c.held--
+	if f.User != "" {
+		if n := c.users[f.User] - 1; n > 0 {
+			c.users[f.User] = n
+		} else {
+			delete(c.users, f.User)
+		}
+	}
+	if c.held <= 0 {
+		delete(t.callers, f.Caller)
+	}
+	if t.held <= 0 {
+		delete(g.tenants, f.Tenant)
+	}
+	guardCallers.Set(float64(len(g.tenants)))
 }
 
 // Refuse answers a watch the guard refused for reason, with a Status and
@@ -223,8 +320,12 @@ func (g *Guard) Refuse(w http.ResponseWriter, r *http.Request, reason string, s 
 			s.inUse>>20, s.limit>>20, RetryAfterSeconds), RetryAfterSeconds)
 	case GuardMaxWatchesPerIdentity:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
-			"watchgate forwards its maximum of %d watches per identity on this replica for you, please try again in %ds",
+			"watchgate forwards its maximum of %d watches per identity on this replica for you (a namespace's service accounts together count as one), please try again in %ds",
 			g.perIdentity, RetryAfterSeconds), RetryAfterSeconds)
+	case GuardMaxWatchesPerUser:
+		e = apierrors.NewTooManyRequests(fmt.Sprintf(
+			"watchgate forwards at most %d watches on this replica for one user your agent impersonates, a quarter of the agent's, please try again in %ds",
+			max(1, g.perIdentity/perUserDivisor), RetryAfterSeconds), RetryAfterSeconds)
 	case GuardFairShare:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate is near its capacity on this replica and you hold your fair share of its watches, please try again in %ds",
@@ -249,6 +350,8 @@ func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 		return fmt.Sprintf("memory in use above --memory-high-water-percent=%d", g.highWaterPercent)
 	case GuardMaxWatchesPerIdentity:
 		return fmt.Sprintf("you hold --max-watches-per-identity=%d watches", g.perIdentity)
+	case GuardMaxWatchesPerUser:
+		return fmt.Sprintf("the user you impersonate holds a quarter of --max-watches-per-identity=%d watches", g.perIdentity)
 	case GuardFairShare:
 		if g.maxWatches <= 0 {
 			return fmt.Sprintf("near --memory-high-water-percent=%d, you hold your fair share of the watches", g.highWaterPercent)
@@ -263,12 +366,12 @@ func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 var (
 	Rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_guard_rejections_total",
-		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare, WatchOpenRate).",
+		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, MaxWatchesPerUser, FairShare, WatchOpenRate, WatchOpenQueue).",
 	}, []string{"reason"})
 
 	guardCallers = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "watchgate_proxy_guard_callers",
-		Help: "Callers (authenticated identities) holding at least one watch through this replica, among whom its watches are shared near its limits.",
+		Help: "Tenants (a namespace's service accounts together, any other authenticated identity alone) holding at least one watch through this replica, among whom its watches are shared near its limits.",
 	})
 
 	guardMaxWatches = prometheus.NewGauge(prometheus.GaugeOpts{

@@ -31,12 +31,18 @@ import (
 
 // WithBudgetIdentity decides whose budget a request spends. Without
 // Impersonate-* headers it is the caller's. With them it is the
-// impersonated user's — but only when auth says the caller may impersonate
-// that user and every group, extra and UID asked for, checked exactly as
-// kube-apiserver's impersonation filter checks them. Otherwise it stays the
-// caller's, and the request is forwarded all the same: the API server
-// answers 403 itself. So no caller can spend or enlarge another identity's
-// budget with headers it may not use.
+// impersonated user's — but only when kube-apiserver would serve the
+// request as that user: kube-apiserver's own impersonation filter
+// (impersonation.WithConstrainedImpersonation, the one 1.36+ runs) decides
+// on a copy of the request, with auth answering its checks, in every mode
+// it knows: legacy ("impersonate" on the user, groups, extras and UID) and
+// constrained (KEP-5284: "impersonate-on:<mode>:<verb>" on the request's
+// resource, then "impersonate:<mode>" on the user, groups, extras and UID,
+// for the modes user-info, serviceaccount, arbitrary-node and
+// associated-node). Otherwise it stays the caller's, and the request is
+// forwarded all the same: the API server answers 403 itself. So no caller
+// can spend or enlarge another identity's budget with headers it may not
+// use.
 //
 // It runs after classification, and reviews only requests a budget
 // decides (watches and lists of resources): /version, gets, writes and
@@ -49,17 +55,15 @@ import (
 // a user) get 400 here. When the reviews are throttled the request gets
 // 429; when they fail, 503 (FailClosed) or it is charged to the caller
 // (FailOpen) — never to the impersonated user.
-//
-// Only the classic "impersonate" verb is checked; a caller allowed only
-// constrained impersonation is charged in its own name.
 func WithBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy, charges chargesFunc, log *sampledlog.Logger, next http.Handler) http.Handler {
+	servedAs := newServedAs(auth)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caller, ok := request.CallerFrom(r.Context())
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
 		}
-		target, checks, err := ImpersonationRequest(caller, r.Header)
+		target, err := ImpersonationRequest(caller, r.Header)
 		if err != nil {
 			answer.WriteStatus(w, r, apierrors.NewBadRequest(err.Error()))
 			return
@@ -70,22 +74,19 @@ func WithBudgetIdentity(auth authorizer.Authorizer, policy review.FailurePolicy,
 			next.ServeHTTP(w, r)
 			return
 		}
-		for _, attrs := range checks {
-			decision, _, err := auth.Authorize(r.Context(), attrs)
-			switch {
-			case err != nil:
-				if policy.Failed(w, r, review.Impersonation, err, log, "caller", caller.GetName()) {
-					next.ServeHTTP(w, r)
-				}
-				return
-			case decision != authorizer.DecisionAllow:
+		served, err := servedAs.user(r, caller)
+		switch {
+		case served != nil:
+			st, r := request.StateOf(r)
+			st.Identity = served
+			next.ServeHTTP(w, r)
+		case err != nil:
+			if policy.Failed(w, r, review.Impersonation, err, log, "caller", caller.GetName()) {
 				next.ServeHTTP(w, r)
-				return
 			}
+		default:
+			next.ServeHTTP(w, r)
 		}
-		st, r := request.StateOf(r)
-		st.Identity = target
-		next.ServeHTTP(w, r)
 	})
 }
 
@@ -112,39 +113,26 @@ func budgetRequest(u user.Info, c *request.Classification, impersonated bool) *r
 	}
 }
 
-// ImpersonationRequest returns the user the headers ask to act as and the
-// checks that must all pass, as kube-apiserver's WithImpersonation builds
-// them; nil when the headers ask for nothing; an error where kube-apiserver
-// answers 400 (groups, extras or a UID without a user).
-func ImpersonationRequest(caller user.Info, h http.Header) (user.Info, []authorizer.Attributes, error) {
+// ImpersonationRequest returns the user the headers ask to act as, as
+// kube-apiserver's impersonation filter reads them and would serve the
+// request if every check passed (a service account's groups filled in,
+// system:authenticated or system:unauthenticated added); nil when the
+// headers ask for nothing; an error where kube-apiserver answers 400
+// (groups, extras or a UID without a user). Whether the caller may is
+// WithBudgetIdentity's question.
+func ImpersonationRequest(caller user.Info, h http.Header) (user.Info, error) {
 	name := h.Get(authenticationv1.ImpersonateUserHeader)
 	if name == "" {
 		if len(h[authenticationv1.ImpersonateGroupHeader]) > 0 || h.Get(authenticationv1.ImpersonateUIDHeader) != "" || hasExtraHeader(h) {
-			return nil, nil, errors.New("impersonation of groups, extras or a UID requires impersonating a user")
+			return nil, errors.New("impersonation of groups, extras or a UID requires impersonating a user")
 		}
-		return nil, nil, nil
-	}
-	check := func(group, resource, subresource, namespace, name string) authorizer.Attributes {
-		return &authorizer.AttributesRecord{
-			User: caller, Verb: "impersonate", ResourceRequest: true,
-			APIGroup: group, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
-		}
+		return nil, nil
 	}
 	target := &user.DefaultInfo{Name: name}
-	var checks []authorizer.Attributes
-	groupsSpecified := len(h[authenticationv1.ImpersonateGroupHeader]) > 0
-	if ns, sa, err := serviceaccount.SplitUsername(name); err == nil {
-		checks = append(checks, check("", "serviceaccounts", "", ns, sa))
-		if !groupsSpecified {
-			target.Groups = serviceaccount.MakeGroupNames(ns)
-		}
-	} else {
-		checks = append(checks, check("", "users", "", "", name))
+	if ns, _, err := serviceaccount.SplitUsername(name); err == nil && len(h[authenticationv1.ImpersonateGroupHeader]) == 0 {
+		target.Groups = serviceaccount.MakeGroupNames(ns)
 	}
-	for _, g := range h[authenticationv1.ImpersonateGroupHeader] {
-		checks = append(checks, check("", "groups", "", "", g))
-		target.Groups = append(target.Groups, g)
-	}
+	target.Groups = append(target.Groups, h[authenticationv1.ImpersonateGroupHeader]...)
 	for header, values := range h {
 		if !strings.HasPrefix(header, authenticationv1.ImpersonateUserExtraHeaderPrefix) {
 			continue
@@ -154,17 +142,13 @@ func ImpersonationRequest(caller user.Info, h http.Header) (user.Info, []authori
 			key = k
 		}
 		for _, v := range values {
-			checks = append(checks, check("authentication.k8s.io", "userextras", key, "", v))
 			if target.Extra == nil {
 				target.Extra = map[string][]string{}
 			}
 			target.Extra[key] = append(target.Extra[key], v)
 		}
 	}
-	if uid := h.Get(authenticationv1.ImpersonateUIDHeader); uid != "" {
-		checks = append(checks, check("authentication.k8s.io", "uids", "", "", uid))
-		target.UID = uid
-	}
+	target.UID = h.Get(authenticationv1.ImpersonateUIDHeader)
 	// As kube-apiserver: a non-anonymous user is authenticated unless the
 	// groups say otherwise.
 	if name != user.Anonymous {
@@ -174,7 +158,7 @@ func ImpersonationRequest(caller user.Info, h http.Header) (user.Info, []authori
 	} else if !slices.Contains(target.Groups, user.AllUnauthenticated) {
 		target.Groups = append(target.Groups, user.AllUnauthenticated)
 	}
-	return target, checks, nil
+	return target, nil
 }
 
 func hasExtraHeader(h http.Header) bool {
@@ -258,11 +242,21 @@ func CachedAuthorizer(inner authorizer.Authorizer, cache *review.Cache, known *u
 }
 
 // earnsPrivilege reports whether being allowed a makes its user a known
-// impersonator: only impersonating users or groups does. Impersonating a
-// namespace's service accounts is in the built-in edit role, so every
-// namespace editor would otherwise join the privileged lane.
+// impersonator: only impersonating users or groups does, in the legacy
+// mode (the core group) or the constrained user-info mode
+// (authentication.k8s.io). Impersonating a namespace's service accounts is
+// in the built-in edit role, so every namespace editor would otherwise
+// join the privileged lane.
 func earnsPrivilege(a authorizer.Attributes) bool {
-	return a.GetAPIGroup() == "" && (a.GetResource() == "users" || a.GetResource() == "groups")
+	switch {
+	case a.GetResource() != "users" && a.GetResource() != "groups":
+		return false
+	case a.GetAPIGroup() == "":
+		return a.GetVerb() == "impersonate"
+	case a.GetAPIGroup() == authenticationv1.GroupName:
+		return a.GetVerb() == "impersonate:user-info"
+	}
+	return false
 }
 
 // knownImpersonatorTTL is how long a caller that was allowed an

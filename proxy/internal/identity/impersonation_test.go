@@ -161,14 +161,99 @@ func TestBudgetIdentity(t *testing.T) {
 }
 
 func TestImpersonatingAServiceAccountChecksServiceAccounts(t *testing.T) {
-	target, checks, _ := ImpersonationRequest(callertest.Agent, http.Header{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}})
-	if len(checks) != 1 || checks[0].GetResource() != "serviceaccounts" || checks[0].GetNamespace() != "ns1" || checks[0].GetName() != "sa1" {
-		t.Fatalf("checks = %+v, want impersonate serviceaccounts ns1/sa1", checks)
-	}
+	var asked []string
+	auth := authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+		asked = append(asked, a.GetVerb()+" "+a.GetAPIGroup()+"/"+a.GetResource()+" "+a.GetNamespace()+"/"+a.GetName())
+		if a.GetVerb() == "impersonate" && a.GetResource() == "serviceaccounts" && a.GetNamespace() == "ns1" && a.GetName() == "sa1" {
+			return authorizer.DecisionAllow, "", nil
+		}
+		return authorizer.DecisionDeny, "", nil
+	})
+	got := identityOf(t, auth, callertest.Agent, map[string][]string{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}}, "/api/v1/pods?watch=true")
 	want := []string{"system:serviceaccounts", "system:serviceaccounts:ns1", user.AllAuthenticated}
-	if !slices.Equal(target.GetGroups(), want) {
-		t.Errorf("groups = %v, want %v", target.GetGroups(), want)
+	if got.GetName() != "system:serviceaccount:ns1:sa1" || !slices.Equal(got.GetGroups(), want) {
+		t.Errorf("identity = %v, want the service account in %v (asked %q)", got, want, asked)
 	}
+}
+
+// Constrained impersonation (KEP-5284) is checked as kube-apiserver checks
+// it: impersonate-on:<mode>:<verb> on the request's resource, then
+// impersonate:<mode> on what is impersonated.
+func TestConstrainedImpersonation(t *testing.T) {
+	// constrained allows the agent to watch pods as bob in group dev
+	// (user-info), and as the service account ns1/sa1.
+	constrained := authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+		if a.GetUser().GetName() != callertest.Agent.Name {
+			return authorizer.DecisionDeny, "", nil
+		}
+		switch a.GetVerb() + " " + a.GetAPIGroup() + "/" + a.GetResource() + " " + a.GetNamespace() + "/" + a.GetName() {
+		case "impersonate-on:user-info:watch /pods /", "impersonate-on:serviceaccount:watch /pods /",
+			"impersonate:user-info authentication.k8s.io/users /bob", "impersonate:user-info authentication.k8s.io/groups /dev",
+			"impersonate:serviceaccount authentication.k8s.io/serviceaccounts ns1/sa1":
+			return authorizer.DecisionAllow, "", nil
+		}
+		return authorizer.DecisionDeny, "", nil
+	})
+	for name, tc := range map[string]struct {
+		headers    map[string][]string
+		path       string
+		wantUser   string
+		wantGroups []string
+	}{
+		"user-info charges the user": {
+			headers:  map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"dev"}},
+			wantUser: "bob", wantGroups: []string{"dev", user.AllAuthenticated},
+		},
+		"serviceaccount charges the service account": {
+			headers:  map[string][]string{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}},
+			wantUser: "system:serviceaccount:ns1:sa1", wantGroups: []string{"system:serviceaccounts", "system:serviceaccounts:ns1", user.AllAuthenticated},
+		},
+		"a verb the agent may not use as the user charges the agent": {
+			headers: map[string][]string{"Impersonate-User": {"bob"}}, path: "/api/v1/pods",
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
+		},
+		"a group the agent may not impersonate charges the agent": {
+			headers:  map[string][]string{"Impersonate-User": {"bob"}, "Impersonate-Group": {"ops"}},
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
+		},
+		"a service account's groups cannot be chosen in the constrained mode": {
+			headers:  map[string][]string{"Impersonate-User": {"system:serviceaccount:ns1:sa1"}, "Impersonate-Group": {"dev"}},
+			wantUser: callertest.Agent.Name, wantGroups: callertest.Agent.Groups,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := tc.path
+			if path == "" {
+				path = "/api/v1/pods?watch=true"
+			}
+			got := identityOf(t, constrained, callertest.Agent, tc.headers, path)
+			if got.GetName() != tc.wantUser || !slices.Equal(got.GetGroups(), tc.wantGroups) {
+				t.Errorf("identity = %v, want %s %v", got, tc.wantUser, tc.wantGroups)
+			}
+		})
+	}
+}
+
+// identityOf is the identity WithBudgetIdentity charges a request to path
+// with headers from caller.
+func identityOf(t *testing.T, auth authorizer.Authorizer, caller user.Info, headers map[string][]string, path string) user.Info {
+	t.Helper()
+	var got user.Info
+	h := request.WithClassification(request.NewRequestInfoFactory(), logtest.Discard(), WithBudgetIdentity(auth, review.FailClosed, nil, logtest.Discard(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = request.IdentityFrom(r.Context())
+	})))
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	for k, vs := range headers {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req.WithContext(callertest.WithCaller(req.Context(), caller)))
+	if rec.Code != http.StatusOK || got == nil {
+		t.Fatalf("HTTP %d %s, identity %v", rec.Code, rec.Body, got)
+	}
+	return got
 }
 
 func TestImpersonationCache(t *testing.T) {
@@ -211,13 +296,17 @@ func TestOnlyImpersonatingUsersOrGroupsEarnsThePrivilegedLane(t *testing.T) {
 	})
 	for name, tc := range map[string]struct {
 		resource, namespace string
+		constrained         bool
 		want                bool
 	}{
-		"a service account": {resource: "serviceaccounts", namespace: "ns1"},
-		"an extra":          {resource: "userextras"},
-		"a UID":             {resource: "uids"},
-		"a user":            {resource: "users", want: true},
-		"a group":           {resource: "groups", want: true},
+		"a service account":             {resource: "serviceaccounts", namespace: "ns1"},
+		"an extra":                      {resource: "userextras"},
+		"a UID":                         {resource: "uids"},
+		"a user":                        {resource: "users", want: true},
+		"a group":                       {resource: "groups", want: true},
+		"a constrained user":            {resource: "users", constrained: true, want: true},
+		"a constrained group":           {resource: "groups", constrained: true, want: true},
+		"a constrained service account": {resource: "serviceaccounts", namespace: "ns1", constrained: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -227,7 +316,14 @@ func TestOnlyImpersonatingUsersOrGroupsEarnsThePrivilegedLane(t *testing.T) {
 			if tc.resource == "userextras" || tc.resource == "uids" {
 				group = "authentication.k8s.io"
 			}
-			a := &authorizer.AttributesRecord{User: callertest.Alice, Verb: "impersonate", APIGroup: group, Resource: tc.resource, Namespace: tc.namespace, Name: "x", ResourceRequest: true}
+			verb := "impersonate"
+			if tc.constrained {
+				group, verb = "authentication.k8s.io", "impersonate:user-info"
+				if tc.resource == "serviceaccounts" {
+					verb = "impersonate:serviceaccount"
+				}
+			}
+			a := &authorizer.AttributesRecord{User: callertest.Alice, Verb: verb, APIGroup: group, Resource: tc.resource, Namespace: tc.namespace, Name: "x", ResourceRequest: true}
 			if d, _, err := auth.Authorize(context.Background(), a); err != nil || d != authorizer.DecisionAllow {
 				t.Fatalf("decision %v, %v", d, err)
 			}

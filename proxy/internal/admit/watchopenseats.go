@@ -1,0 +1,308 @@
+package admit
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
+
+	"github.com/watchgate/watchgate/proxy/internal/answer"
+	"github.com/watchgate/watchgate/proxy/internal/guard"
+	"github.com/watchgate/watchgate/ratelimit"
+)
+
+const (
+	// DefaultMaxWatchOpensInFlight is the default of
+	// --max-watch-opens-in-flight: room for an agent's restart (a watch
+	// open waits for the API server's response headers, a few
+	// milliseconds on a healthy one, so 64 seats open thousands a second),
+	// while one replica never asks an API server to start more watches
+	// at once than a small share of its own concurrency (kube-apiserver's
+	// --max-requests-inflight is 400).
+	DefaultMaxWatchOpensInFlight = 64
+	// maxWaitingPerTenant and maxWaiting bound the watch opens waiting for
+	// a seat, per tenant and in all; beyond either a watch open gets 429
+	// at once.
+	maxWaitingPerTenant = 1024
+	maxWaiting          = 16384
+	// maxSeatWait is the longest a watch open waits for a seat before its
+	// 429 (API Priority and Fairness waits a quarter of the request
+	// timeout, 15 s by default).
+	maxSeatWait = 15 * time.Second
+	// seatRetryAfterSeconds is the Retry-After of a watch open refused a
+	// seat.
+	seatRetryAfterSeconds = 1
+	// tenantOpensPerSecond and tenantOpenBurst pace each tenant's watch
+	// opens: a free seat goes to a tenant only while its bucket holds a
+	// token, else the open waits (it is not refused). An API server without
+	// its watch cache answers each open with an etcd list, and one tenant
+	// keeping every seat busy would take its CPU from everyone; at this
+	// pace an agent's restart of 10,000 watches takes under a minute.
+	tenantOpensPerSecond = 200
+	tenantOpenBurst      = 500
+	// maxPacedTenants caps the tenants whose pace is tracked (see
+	// ratelimit.KeyRate); those beyond share one bucket.
+	maxPacedTenants = 16384
+)
+
+// GuardWatchOpenQueue: the watch open waited maxSeatWait for a seat among
+// the watch opens in flight upstream, or its tenant already had
+// maxWaitingPerTenant waiting; answered 429 with Retry-After.
+const GuardWatchOpenQueue = "WatchOpenQueue"
+
+// watchOpenSeats bounds the watch opens in flight upstream (sent, their
+// response headers not yet back) and queues the rest fairly, as API
+// Priority and Fairness queues requests for its seats: a free seat goes to
+// the next tenant with a waiting open, round robin, and within that
+// tenant to its next flow (caller and impersonated user), round robin;
+// each flow's opens in the order they came. So however many watches one
+// tenant opens at once, another tenant's open waits for at most one of its
+// in each round, and the users behind one agent take turns too. Each
+// tenant is also paced (tenantOpensPerSecond after tenantOpenBurst): its
+// turn passes while its bucket is empty, and a timer gives the seat when
+// it refills. A waiting
+// open holds nothing shared (no guard place, no seat), only its request;
+// it waits at most maxSeatWait, and at most maxWaitingPerTenant wait per
+// tenant, maxWaiting in all; beyond, 429 with Retry-After.
+//
+// It is safe for concurrent use; each acquire and release is one lock and
+// O(1) map work, plus the tenants waiting when one stops waiting.
+type watchOpenSeats struct {
+	seats int
+	clock clock.Clock
+	pace  *ratelimit.KeyRate
+
+	mu      sync.Mutex
+	inUse   int                    // guarded by mu
+	waiting int                    // guarded by mu
+	tenants map[string]*seatTenant // tenants with opens waiting; guarded by mu
+	ring    []string               // those tenants, in turn order; guarded by mu
+	next    int                    // the index in ring whose turn is next; guarded by mu
+	paced   bool                   // a timer will dispatch when a bucket refills; guarded by mu
+}
+
+// seatTenant is one tenant's waiting opens, per flow.
+type seatTenant struct {
+	flows   map[seatFlow][]*seatWaiter
+	ring    []seatFlow
+	next    int
+	waiting int
+}
+
+// seatFlow is a flow within a tenant: a caller, and the user it
+// impersonates ("": none). Its strings are the request's own, not copies.
+type seatFlow struct{ caller, user string }
+
+// seatWaiter is one waiting open; ready is closed when it is given a seat.
+type seatWaiter struct {
+	ready   chan struct{}
+	granted bool // guarded by watchOpenSeats.mu
+}
+
+// NewWatchOpenSeats returns the bound of seats watch opens in flight, or
+// nil (no bound) for 0.
+func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
+	return newPacedSeats(seats, tenantOpensPerSecond, tenantOpenBurst, clk)
+}
+
+// newPacedSeats is NewWatchOpenSeats with each tenant paced at perSecond
+// after burst.
+func newPacedSeats(seats int, perSecond float64, burst int, clk clock.Clock) *watchOpenSeats {
+	if seats <= 0 {
+		return nil
+	}
+	return &watchOpenSeats{seats: seats, clock: clk, pace: ratelimit.NewKeyRate(perSecond, burst, maxPacedTenants), tenants: map[string]*seatTenant{}}
+}
+
+// acquire waits for a seat for a watch open of flow f; ok false when it
+// was refused (queue full or waited too long) or the client left (ctx).
+// After ok, call release once the open's response headers are back.
+func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release func(), ok bool) {
+	s.mu.Lock()
+	if s.inUse < s.seats && s.waiting == 0 {
+		if _, ok := s.pace.Allow(s.clock.Now(), f.Tenant); ok {
+			s.inUse++
+			s.mu.Unlock()
+			return s.releaser(), true
+		}
+	}
+	t := s.tenants[f.Tenant]
+	if s.waiting >= maxWaiting || t != nil && t.waiting >= maxWaitingPerTenant {
+		s.mu.Unlock()
+		return nil, false
+	}
+	if t == nil {
+		t = &seatTenant{flows: map[seatFlow][]*seatWaiter{}}
+		s.tenants[f.Tenant] = t
+		s.ring = append(s.ring, f.Tenant)
+	}
+	key := seatFlow{f.Caller, f.User}
+	if _, ok := t.flows[key]; !ok {
+		t.ring = append(t.ring, key)
+	}
+	w := &seatWaiter{ready: make(chan struct{})}
+	t.flows[key] = append(t.flows[key], w)
+	t.waiting++
+	s.waiting++
+	s.dispatch()
+	s.mu.Unlock()
+
+	timer := s.clock.NewTimer(maxSeatWait)
+	defer timer.Stop()
+	select {
+	case <-w.ready:
+		return s.releaser(), true
+	case <-timer.C():
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.granted {
+		// Given a seat as it stopped waiting: pass it on.
+		s.inUse--
+		s.dispatch()
+		return nil, false
+	}
+	s.remove(f.Tenant, key, w)
+	return nil, false
+}
+
+// releaser returns the release of one seat; calls after the first do
+// nothing.
+func (s *watchOpenSeats) releaser() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.inUse--
+			s.dispatch()
+		})
+	}
+}
+
+// dispatch gives free seats to waiting opens, tenant by tenant, flow by
+// flow, passing over the tenants whose pace allows no open now; when every
+// waiting tenant is passed over, a timer dispatches again once the first
+// of them may open. Needs mu.
+func (s *watchOpenSeats) dispatch() {
+	now := s.clock.Now()
+	passed, soonest := 0, time.Duration(0)
+	for s.inUse < s.seats && s.waiting > 0 && passed < len(s.ring) {
+		if s.next >= len(s.ring) {
+			s.next = 0
+		}
+		name := s.ring[s.next]
+		if wait, ok := s.pace.Allow(now, name); !ok {
+			if passed == 0 || wait < soonest {
+				soonest = wait
+			}
+			passed++
+			s.next++
+			continue
+		}
+		passed = 0
+		t := s.tenants[name]
+		if t.next >= len(t.ring) {
+			t.next = 0
+		}
+		key := t.ring[t.next]
+		w := t.flows[key][0]
+		w.granted = true
+		close(w.ready)
+		s.inUse++
+		t.next++
+		s.next++
+		s.remove(name, key, w)
+	}
+	if s.inUse < s.seats && s.waiting > 0 && !s.paced {
+		s.paced = true
+		again := func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.paced = false
+			s.dispatch()
+		}
+		if d, ok := s.clock.(clock.WithDelayedExecution); ok {
+			// On its own goroutine: a fake clock calls it holding its lock,
+			// which dispatch's Now takes again.
+			d.AfterFunc(soonest, func() { go again() })
+		} else {
+			time.AfterFunc(soonest, again)
+		}
+	}
+}
+
+// remove takes w out of its tenant's flow key, and the flow and tenant out
+// of their rings when they have nothing left waiting. Needs mu.
+func (s *watchOpenSeats) remove(tenant string, key seatFlow, w *seatWaiter) {
+	t := s.tenants[tenant]
+	q := t.flows[key]
+	i := slices.Index(q, w)
+	if i < 0 {
+		return
+	}
+	q = slices.Delete(q, i, i+1)
+	t.waiting--
+	s.waiting--
+	if len(q) > 0 {
+		t.flows[key] = q
+		return
+	}
+	delete(t.flows, key)
+	if j := slices.Index(t.ring, key); j >= 0 {
+		t.ring = slices.Delete(t.ring, j, j+1)
+		if j < t.next {
+			t.next--
+		}
+	}
+	if t.waiting > 0 {
+		return
+	}
+	delete(s.tenants, tenant)
+	if j := slices.Index(s.ring, tenant); j >= 0 {
+		s.ring = slices.Delete(s.ring, j, j+1)
+		if j < s.next {
+			s.next--
+		}
+	}
+}
+
+// text names the bound's flag and value, for a refusal's Warning.
+func (s *watchOpenSeats) text() string {
+	return fmt.Sprintf("watch opens wait their turn among --max-watch-opens-in-flight=%d, at most %s", s.seats, maxSeatWait)
+}
+
+// Refuse answers a watch open refused a seat with 429 and Retry-After.
+func (s *watchOpenSeats) Refuse(w http.ResponseWriter, r *http.Request) {
+	guard.Rejections.WithLabelValues(GuardWatchOpenQueue).Inc()
+	w.Header().Set(answer.DecisionHeader, answer.FormatDecision("reject", GuardWatchOpenQueue, "", seatRetryAfterSeconds))
+	answer.WriteStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
+		"watchgate is opening as many watches upstream as it may and yours waited its turn too long, please try again in %ds",
+		seatRetryAfterSeconds), seatRetryAfterSeconds))
+}
+
+// seatWriter gives back its watch open's seat when the response's headers
+// are written: the API server has started the watch, or refused it.
+type seatWriter struct {
+	http.ResponseWriter
+	release func()
+}
+
+func (w seatWriter) WriteHeader(code int) {
+	w.release()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w seatWriter) Write(b []byte) (int, error) {
+	w.release()
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (w seatWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

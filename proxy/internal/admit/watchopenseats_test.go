@@ -1,0 +1,163 @@
+package admit
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/guard"
+)
+
+// waitQueued waits until n opens wait in s.
+func waitQueued(t *testing.T, s *watchOpenSeats, n int) {
+	t.Helper()
+	for range 10000 {
+		s.mu.Lock()
+		waiting := s.waiting
+		s.mu.Unlock()
+		if waiting == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("never %d waiting", n)
+}
+
+// A free seat goes to the next tenant in turn, then to the next flow of
+// that tenant: however many opens one tenant queued first, another
+// tenant's open gets the second seat, and the users behind one agent take
+// turns.
+func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	s := NewWatchOpenSeats(1, clk)
+	first, ok := s.acquire(context.Background(), guard.FlowOf("alice", ""))
+	if !ok {
+		t.Fatal("the first open waited with every seat free")
+	}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	enqueue := func(f guard.Flow, name string, n int) {
+		for range n {
+			before := s.waiting
+			wg.Go(func() {
+				release, ok := s.acquire(context.Background(), f)
+				if !ok {
+					t.Errorf("%s refused", name)
+					return
+				}
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+				release()
+			})
+			waitQueued(t, s, before+1)
+		}
+	}
+	agent := "system:serviceaccount:agents:agent"
+	enqueue(guard.FlowOf("system:serviceaccount:swarm:a", ""), "swarm-a", 3)
+	enqueue(guard.FlowOf("system:serviceaccount:swarm:b", ""), "swarm-b", 3)
+	enqueue(guard.FlowOf(agent, "ann"), "ann", 2)
+	enqueue(guard.FlowOf(agent, "bob"), "bob", 1)
+	first()
+	wg.Wait()
+	want := []string{"swarm-a", "ann", "swarm-b", "bob", "swarm-a", "ann", "swarm-b", "swarm-a", "swarm-b"}
+	if len(order) != len(want) {
+		t.Fatalf("order %v, want %v", order, want)
+	}
+	for i := range want {
+		if order[i] != want[i] {
+			t.Fatalf("order %v, want %v", order, want)
+		}
+	}
+}
+
+// A waiting open stops waiting after maxSeatWait, or when its client
+// leaves, and leaves nothing behind; its tenant's queue is bounded.
+func TestWatchOpenSeatsWaitIsBounded(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	s := NewWatchOpenSeats(1, clk)
+	hold, _ := s.acquire(context.Background(), guard.FlowOf("alice", ""))
+	done := make(chan bool)
+	go func() {
+		_, ok := s.acquire(context.Background(), guard.FlowOf("bob", ""))
+		done <- ok
+	}()
+	waitQueued(t, s, 1)
+	for !clk.HasWaiters() {
+		time.Sleep(time.Millisecond)
+	}
+	clk.Step(maxSeatWait)
+	if <-done {
+		t.Fatal("an open that waited maxSeatWait got a seat")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, ok := s.acquire(ctx, guard.FlowOf("carol", ""))
+		done <- ok
+	}()
+	waitQueued(t, s, 1)
+	cancel()
+	if <-done {
+		t.Fatal("an open whose client left got a seat")
+	}
+	if len(s.tenants) != 0 || len(s.ring) != 0 || s.waiting != 0 {
+		t.Fatalf("left behind: %d tenants, ring %v, %d waiting", len(s.tenants), s.ring, s.waiting)
+	}
+
+	// A tenant's queue is full at maxWaitingPerTenant: the next is refused
+	// at once.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range maxWaitingPerTenant {
+		wg.Go(func() { s.acquire(ctx, guard.FlowOf("system:serviceaccount:swarm:x", "")) })
+	}
+	waitQueued(t, s, maxWaitingPerTenant)
+	if _, ok := s.acquire(ctx, guard.FlowOf("system:serviceaccount:swarm:y", "")); ok {
+		t.Error("an open beyond its tenant's full queue got a seat")
+	}
+	cancel()
+	wg.Wait()
+	hold()
+	if again, ok := s.acquire(context.Background(), guard.FlowOf("dave", "")); !ok {
+		t.Error("no seat after every waiter left and the holder released")
+	} else {
+		again()
+	}
+}
+
+// A tenant whose pace allows no open waits, without being refused, until
+// its bucket refills, while another tenant's open takes a free seat at
+// once.
+func TestWatchOpenSeatsPaceEachTenant(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	s := newPacedSeats(10, 1, 2, clk) // one open a second after two
+	swarm := guard.FlowOf("system:serviceaccount:swarm:a", "")
+	for i := range 2 {
+		if _, ok := s.acquire(context.Background(), swarm); !ok {
+			t.Fatalf("open %d of the burst refused", i+1)
+		}
+	}
+	got := make(chan bool)
+	go func() {
+		_, ok := s.acquire(context.Background(), swarm)
+		got <- ok
+	}()
+	waitQueued(t, s, 1)
+	if _, ok := s.acquire(context.Background(), guard.FlowOf("alice", "")); !ok {
+		t.Fatal("another tenant's open waited behind a paced one")
+	}
+	select {
+	case <-got:
+		t.Fatal("the paced open went before its bucket refilled")
+	default:
+	}
+	clk.Step(time.Second)
+	if !<-got {
+		t.Fatal("the paced open was refused after its bucket refilled")
+	}
+}
