@@ -98,6 +98,8 @@ type options struct {
 	watchOpensPerIdentity float64
 	watchOpenBurst        int
 	memoryHighWater       int
+	stalledStreamTimeout  time.Duration
+	maxListsPerIdentity   int
 	maxConnections        int
 	// bootstrapBudgets is --bootstrap-budgets as given; bootstrap is it
 	// parsed (by validate).
@@ -180,6 +182,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.watchOpenBurst, "watch-open-burst-per-identity", proxy.DefaultWatchOpenBurstPerIdentity, "Watches one caller opens through this replica at once before --watch-opens-per-identity-per-second holds it back. 0: no ceiling.")
 	fs.IntVar(&o.maxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them, its further connections are closed at once. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.memoryHighWater, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of GOMEMLIMIT (1–100; 100: never). Without GOMEMLIMIT memory is not checked.")
+	fs.DurationVar(&o.stalledStreamTimeout, "stalled-stream-timeout", proxy.DefaultStalledStreamTimeout, "Cut a forwarded watch or list whose client has taken none of a write (at most 32 KiB) for this long, freeing what it holds, as kube-apiserver's watch cache closes watchers that do not keep up (1s–1h).")
+	fs.IntVar(&o.maxListsPerIdentity, "max-lists-per-identity", proxy.DefaultMaxListsPerIdentity, "Lists one caller (authenticated identity, whoever it impersonates) has in flight through this replica at once; beyond it its new lists get 429 with Retry-After (1–1000000).")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
 		"a missing one is created (again after a deletion); a mandatory one's spec is restored after any edit; a suggested one's is kept up to date until an operator takes it over with the annotation "+controllers.AutoUpdateAnnotation+"=false. "+
 		"A budget this install created (label "+controllers.BootstrapLabel+"=<--pod-namespace>) that is no longer listed and not taken over is deleted. The chart sets it; empty: none.")
@@ -263,6 +267,9 @@ func (o *options) validate() error {
 	}
 	if o.watchOpenBurst < 0 {
 		errs = append(errs, fmt.Errorf("--watch-open-burst-per-identity %d: must not be negative", o.watchOpenBurst))
+	}
+	if o.stalledStreamTimeout < time.Second || o.stalledStreamTimeout > time.Hour || o.maxListsPerIdentity < 1 || o.maxListsPerIdentity > 1000000 {
+		errs = append(errs, fmt.Errorf("--stalled-stream-timeout %v, --max-lists-per-identity %d: must be within 1s–1h and 1–1000000", o.stalledStreamTimeout, o.maxListsPerIdentity))
 	}
 	if o.memoryHighWater < 1 || o.memoryHighWater > 100 {
 		errs = append(errs, fmt.Errorf("--memory-high-water-percent %d: must be between 1 and 100", o.memoryHighWater))
@@ -519,6 +526,8 @@ func run(ctx context.Context, args []string) error {
 		WatchOpensPerIdentityPerSecond: o.watchOpensPerIdentity,
 		WatchOpenBurstPerIdentity:      o.watchOpenBurst,
 		MemoryHighWaterPercent:         o.memoryHighWater,
+		StalledStreamTimeout:           o.stalledStreamTimeout,
+		MaxListsPerIdentity:            o.maxListsPerIdentity,
 		MaxConnections:                 o.maxConnections,
 	})
 	if err != nil {

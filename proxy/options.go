@@ -177,9 +177,18 @@ type Options struct {
 	// MemoryHighWaterPercent refuses new watches with 503 and Retry-After
 	// while the Go runtime's memory in use is above this percentage of its
 	// memory limit (GOMEMLIMIT); without a limit memory is not checked.
-	// Open watches are never cut. Default DefaultMemoryHighWaterPercent
+	// With accounted streams only the callers holding the most memory are
+	// refused (guard.Guard). Default DefaultMemoryHighWaterPercent
 	// (85); 1–100, 100 disables the check.
 	MemoryHighWaterPercent int
+	// StalledStreamTimeout cuts a forwarded watch or list whose client
+	// took none of a write for so long (watchgate_proxy_stalled_streams_cut_total);
+	// default DefaultStalledStreamTimeout (30s).
+	StalledStreamTimeout time.Duration
+	// MaxListsPerIdentity caps the lists one caller has in flight through
+	// this replica; beyond it a list gets 429 (reason="MaxListsPerIdentity").
+	// Default DefaultMaxListsPerIdentity (100).
+	MaxListsPerIdentity int
 	// MaxConnections caps the client connections held open at once;
 	// beyond it new ones wait in the kernel's accept queue
 	// (watchgate_proxy_connections). 0: no cap (main's --max-connections
@@ -333,6 +342,8 @@ func (o Options) complete() Options {
 	def(&o.SweepInterval, 30*time.Second)
 	def(&o.UpstreamProbeInterval, 10*time.Second)
 	defInt(&o.MemoryHighWaterPercent, guard.DefaultMemoryHighWaterPercent)
+	defInt(&o.MaxListsPerIdentity, guard.DefaultMaxListsPerIdentity)
+	def(&o.StalledStreamTimeout, guard.DefaultStalledStreamTimeout)
 	if o.MaxWatchesPerIdentity == 0 {
 		o.MaxWatchesPerIdentity = guard.DefaultMaxWatchesPerIdentity(o.MaxWatches)
 	}

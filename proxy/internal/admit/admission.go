@@ -129,11 +129,13 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			}
 			var release func()
 			if a.Guard != nil {
-				release = func() { a.Guard.Release(caller) }
+				r, release = a.accountWatch(w, r, caller)
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
 			a.serveWatch(w, r, c, &d, start, lead, release, next)
+		case c.Verb == ratelimit.VerbList && a.Guard != nil:
+			a.serveList(w, r, caller, next)
 		default:
 			next.ServeHTTP(w, r)
 		}

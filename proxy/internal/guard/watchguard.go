@@ -144,6 +144,10 @@ type Guard struct {
 	highWaterPercent int
 	memory           *memorySampler
 	Clock            clock.PassiveClock
+	// Streams, when not nil, accounts the bytes callers' streams hold
+	// buffered: above the memory mark only the callers holding the most
+	// are refused, and a caller at its share of bytes is (streamguard.go).
+	Streams *Streams
 
 	mu   sync.Mutex
 	open int64            // guarded by mu
@@ -214,8 +218,11 @@ func fairShare(s guardState, maxWatches int64) int64 {
 // reason it cannot; after "", call release(caller) when the watch ends.
 func (g *Guard) Admit(now time.Time, caller string) (reason string, s *MemorySample) {
 	s = g.memory.at(now)
-	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction)}
-	if st.highWater {
+	if reason = g.bufferedVerdict(caller, s); reason != "" {
+		return reason, s
+	}
+	st := guardState{highWater: g.memoryRefuses(caller, s), nearMemory: s.above(g.highWater * fairShareMemoryFraction)}
+	if s.above(g.highWater) {
 		g.memory.reclaim(now)
 	}
 	g.mu.Lock()
@@ -259,6 +266,8 @@ func (g *Guard) Refuse(w http.ResponseWriter, r *http.Request, reason string, s 
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate forwards its maximum of %d watches per identity on this replica for you, please try again in %ds",
 			g.perIdentity, RetryAfterSeconds), RetryAfterSeconds)
+	case GuardBufferedBytes, GuardMaxListsPerIdentity:
+		e = g.streamsRefusal(reason)
 	case GuardFairShare:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate is near its capacity on this replica and you hold your fair share of its watches, please try again in %ds",
@@ -283,6 +292,8 @@ func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 		return fmt.Sprintf("memory in use above --memory-high-water-percent=%d", g.highWaterPercent)
 	case GuardMaxWatchesPerIdentity:
 		return fmt.Sprintf("you hold --max-watches-per-identity=%d watches", g.perIdentity)
+	case GuardBufferedBytes, GuardMaxListsPerIdentity:
+		return g.streamsRefusalText(reason)
 	case GuardFairShare:
 		if g.maxWatches <= 0 {
 			return fmt.Sprintf("near --memory-high-water-percent=%d, you hold your fair share of the watches", g.highWaterPercent)
@@ -297,7 +308,7 @@ func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 var (
 	Rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_guard_rejections_total",
-		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare, WatchOpenRate).",
+		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, FairShare, WatchOpenRate, BufferedBytes, MaxListsPerIdentity; the last two and MemoryHighWater also for lists).",
 	}, []string{"reason"})
 
 	guardCallers = prometheus.NewGauge(prometheus.GaugeOpts{
