@@ -27,7 +27,8 @@ import (
 
 // TestLoadHostileSlowReaders is part of `make load-hostile` (build tag
 // load): one replica as the chart runs it (default flags, GOMEMLIMIT 90% of
-// the 512Mi limit) in front of its own control plane, loopback only. A
+// the 512Mi limit; no WatchBudget, so only the replica's guard decides)
+// in front of its own control plane, loopback only. A
 // tenant with an ordinary service account that may read ConfigMaps in its
 // own namespace, where one ConfigMap holds 900 KiB, opens
 // HOSTILE_UNREAD_WATCHES (260) watches of it and then HOSTILE_UNREAD_LISTS
@@ -50,7 +51,10 @@ func TestLoadHostileSlowReaders(t *testing.T) {
 	}
 	load0 := loadAvg()
 	started := time.Now().UTC()
-	e, err := apiserver.Start(apiserver.Options{Args: map[string]string{"http2-max-streams-per-connection": "2000"}})
+	e, err := apiserver.Start(apiserver.Options{
+		CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd", "bases")},
+		Args:              map[string]string{"http2-max-streams-per-connection": "2000"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
