@@ -200,13 +200,13 @@ func (u *unreadStream) end(timeout time.Duration) (refused string, err error) {
 	u.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	n := 0
 	for {
-		f, err := u.fr.ReadFrame()
+		f, rerr := u.fr.ReadFrame()
 		var ne net.Error
-		switch {
-		case errors.As(err, &ne) && ne.Timeout():
+		if errors.As(rerr, &ne) && ne.Timeout() {
 			return "", fmt.Errorf("still open after %v (%d bytes of DATA)", timeout, n)
-		case err != nil:
-			return "", nil // the connection ended
+		}
+		if rerr != nil {
+			return "", nil //nolint:nilerr // the connection ended: the proxy cut it
 		}
 		switch f := f.(type) {
 		case *http2.MetaHeadersFrame:

@@ -2,7 +2,11 @@
 // admits a watch its budget already admitted only while the replica can
 // afford it (503 above the memory high-water mark of GOMEMLIMIT, read from
 // the runtime, MemoryReader), 429 at the replica's cap (MaxWatches), at
-// the cap per caller, and near either beyond the caller's fair share. A
+// the cap per caller, and near either beyond the caller's fair share.
+// Streams accounts per caller the bytes its watches and lists hold
+// buffered, refuses a caller at its share of them or at its lists in
+// flight (Guard.AdmitList), turns the memory mark on the callers holding
+// the most only, and cuts streams whose client stopped reading (Sweep). A
 // new reason to refuse a watch for the replica's sake is added here;
 // reasons of a budget belong to ratelimit, and the order of the checks to
 // proxy's admission.
