@@ -260,7 +260,7 @@ func (g *Guard) Refuse(w http.ResponseWriter, r *http.Request, reason string, s 
 	switch reason {
 	case GuardMemoryHighWater:
 		e = answer.ServiceUnavailable(fmt.Sprintf(
-			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
+			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches or lists for now from the callers holding the most of it, please try again in %ds",
 			s.inUse>>20, s.limit>>20, RetryAfterSeconds), RetryAfterSeconds)
 	case GuardMaxWatchesPerIdentity:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
