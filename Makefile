@@ -124,7 +124,7 @@ HOSTILE_LOOPS ?=
 # shared: nothing pinned.
 HOSTILE_CPU ?= own
 .PHONY: load-hostile
-load-hostile: build ## Hostile tenant (~6 min, not in `make test`): one identity attacks a charted replica while a routed agent with 70 informers restarts (writes BENCHMARKS.md); then an agent reopens 10,000 watches and a 12-account swarm attacks (figures logged).
+load-hostile: build ## Hostile tenant (~8 min, not in `make test`): one identity attacks a charted replica while a routed agent with 70 informers restarts (writes BENCHMARKS.md); then an agent reopens 10,000 watches and a 12-account swarm attacks, and a tenant leaves 260 watches and 420 lists unread beside another tenant (figures logged).
 	@assets=$$(hack/testbin.sh) && KUBEBUILDER_ASSETS=$$assets HOSTILE_ATTACK=$(HOSTILE_ATTACK) HOSTILE_LOOPS=$(HOSTILE_LOOPS) HOSTILE_CPU=$(HOSTILE_CPU) \
 		LOAD_WRITE=$(CURDIR)/BENCHMARKS.md go test -tags load -count=1 -timeout 30m -run '^TestLoadHostile' -v ./test/e2e/
 

@@ -138,6 +138,8 @@ var proxyFlags = map[string]string{
 	"maxWatchOpensInFlight":                  "max-watch-opens-in-flight",
 	"maxConnections":                         "max-connections",
 	"memoryHighWaterPercent":                 "memory-high-water-percent",
+	"stalledStreamTimeout":                   "stalled-stream-timeout",
+	"maxListsPerIdentity":                    "max-lists-per-identity",
 }
 
 func (o *options) addFlags(fs *flag.FlagSet) {
@@ -193,6 +195,8 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.proxy.MaxWatchOpensInFlight, "max-watch-opens-in-flight", proxy.DefaultMaxWatchOpensInFlight, "Watch opens this replica has sent upstream and not had the response headers of; the others wait their turn, queued fairly between tenants (a namespace's service accounts together, any other caller alone) and the users behind an agent, at most 15 s, else 429 with Retry-After. 0: the default; negative: no bound.")
 	fs.IntVar(&o.proxy.MaxConnections, "max-connections", proxy.DefaultMaxConnections, "Client connections the proxy holds open at once; beyond it new connections wait in the kernel's accept queue until one closes; connections on which nothing authenticated are shed first (and closed after 20 s); near the cap one client network (IPv4 /24, IPv6 /64) holds at most a quarter of them. Each open connection holds a goroutine, TLS state and buffers; 0: no cap.")
 	fs.IntVar(&o.proxy.MemoryHighWaterPercent, "memory-high-water-percent", proxy.DefaultMemoryHighWaterPercent, "Refuse new watches with 503 and Retry-After while the Go runtime uses more than this percentage of its memory limit: GOMEMLIMIT, or the one watchgate sets without it (see --max-watches). 1–100; 100: never; 0: the default.")
+	fs.DurationVar(&o.proxy.StalledStreamTimeout, "stalled-stream-timeout", proxy.DefaultStalledStreamTimeout, "Cut a forwarded watch or list whose client has taken none of a write (at most 32 KiB) for this long, freeing what it holds, as kube-apiserver's watch cache closes watchers that do not keep up. 1s–1h; 0: the default.")
+	fs.IntVar(&o.proxy.MaxListsPerIdentity, "max-lists-per-identity", proxy.DefaultMaxListsPerIdentity, "Lists one caller (authenticated identity, whoever it impersonates) has in flight through this replica at once; beyond it its new lists get 429 with Retry-After. At most 1000000; 0: the default.")
 	fs.StringVar(&o.bootstrapBudgets, "bootstrap-budgets", "", "WatchBudgets the leader keeps in place, as a JSON list of {name, mandatory, labels, spec}: "+
 		"a missing one is created (again after a deletion); a mandatory one's spec is restored after any edit; a suggested one's is kept up to date until an operator takes it over with the annotation "+controllers.AutoUpdateAnnotation+"=false. "+
 		"A budget this install created (label "+controllers.BootstrapLabel+"=<--pod-namespace>) that is no longer listed and not taken over is deleted. The chart sets it; empty: none.")

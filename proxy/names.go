@@ -61,6 +61,15 @@ const (
 	GuardMaxWatchesPerIdentity = guard.GuardMaxWatchesPerIdentity
 	GuardMaxWatchesPerUser     = guard.GuardMaxWatchesPerUser
 	GuardFairShare             = guard.GuardFairShare
+	// GuardBufferedBytes and GuardMaxListsPerIdentity refuse watches and
+	// lists of a caller whose streams hold its share of buffered bytes,
+	// and lists beyond its lists in flight.
+	GuardBufferedBytes       = guard.GuardBufferedBytes
+	GuardMaxListsPerIdentity = guard.GuardMaxListsPerIdentity
+	// DefaultStalledStreamTimeout and DefaultMaxListsPerIdentity are the
+	// defaults of Options.StalledStreamTimeout and MaxListsPerIdentity.
+	DefaultStalledStreamTimeout = guard.DefaultStalledStreamTimeout
+	DefaultMaxListsPerIdentity  = guard.DefaultMaxListsPerIdentity
 	// GuardWatchOpenRate: the caller opened its burst of watches faster
 	// than its per-identity rate refills it.
 	GuardWatchOpenRate = admit.GuardWatchOpenRate

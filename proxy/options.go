@@ -188,10 +188,21 @@ type Options struct {
 	// while the Go runtime's memory in use is above this percentage of its
 	// memory limit (GOMEMLIMIT, or debug.SetMemoryLimit: main sets one
 	// from ProcessMemoryLimit when GOMEMLIMIT is unset); without a limit
-	// memory is not checked.
+	// memory is not checked. With accounted streams only the callers
+	// holding the most memory are refused (guard.Guard).
 	// Open watches are never cut. 1–100, 100 disables the check; 0: the
 	// default, DefaultMemoryHighWaterPercent (85).
 	MemoryHighWaterPercent int
+	// StalledStreamTimeout cuts a forwarded watch or list whose client
+	// took none of a write for so long (watchgate_proxy_stalled_streams_cut_total);
+	// default DefaultStalledStreamTimeout (30s). 0: the default; else
+	// 1s–1h.
+	StalledStreamTimeout time.Duration
+	// MaxListsPerIdentity caps the lists one caller has in flight through
+	// this replica; beyond it a list gets 429 (reason="MaxListsPerIdentity").
+	// Default DefaultMaxListsPerIdentity (100). 0: the default; at most
+	// 1000000.
+	MaxListsPerIdentity int
 	// MaxConnections caps the client connections held open at once;
 	// beyond it new ones wait in the kernel's accept queue
 	// (watchgate_proxy_connections). 0: no cap (main's --max-connections
@@ -270,6 +281,10 @@ func (o *Options) Validate() field.ErrorList {
 	errs = append(errs, bounds.NonNegative(p("watchOpenBurstPerIdentity"), o.WatchOpenBurstPerIdentity)...)
 	errs = append(errs, bounds.Within(p("memoryHighWaterPercent"), o.MemoryHighWaterPercent, 0, 100)...)
 	errs = append(errs, bounds.NonNegative(p("maxConnections"), o.MaxConnections)...)
+	if o.StalledStreamTimeout != 0 {
+		errs = append(errs, bounds.Within(p("stalledStreamTimeout"), o.StalledStreamTimeout, time.Second, time.Hour)...)
+	}
+	errs = append(errs, bounds.Within(p("maxListsPerIdentity"), o.MaxListsPerIdentity, 0, 1000000)...)
 	return errs
 }
 
@@ -331,6 +346,8 @@ func (o Options) complete() Options {
 	def(&o.UpstreamProbeInterval, 10*time.Second)
 	defInt(&o.MemoryHighWaterPercent, guard.DefaultMemoryHighWaterPercent)
 	defInt(&o.MaxWatchOpensInFlight, DefaultMaxWatchOpensInFlight)
+	defInt(&o.MaxListsPerIdentity, guard.DefaultMaxListsPerIdentity)
+	def(&o.StalledStreamTimeout, guard.DefaultStalledStreamTimeout)
 	if o.MaxWatchesPerIdentity == 0 {
 		o.MaxWatchesPerIdentity = guard.DefaultMaxWatchesPerIdentity(o.MaxWatches)
 	}

@@ -66,6 +66,8 @@ type Server struct {
 	// upstream is the forwarder's transport, whose connections Start
 	// closes when it has shut down.
 	upstream interface{ CloseIdleConnections() }
+	// guard is the replica's watch guard, whose streams Start sweeps.
+	guard *guard.Guard
 }
 
 var (
@@ -160,7 +162,8 @@ func NewServer(opts Options) (*Server, error) {
 
 	// Admission: the budget, then the replica's share of watches.
 	watches := relay.NewOpenWatches()
-	guard := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
+	replicaGuard := guard.New(o.MaxWatches, o.MaxWatchesPerIdentity, o.MemoryHighWaterPercent, o.MemoryReader, o.Clock)
+	replicaGuard.Streams = guard.NewStreams(o.StalledStreamTimeout, o.MaxListsPerIdentity)
 	opens := admit.NewWatchOpenRate(o.WatchOpensPerIdentityPerSecond, o.WatchOpenBurstPerIdentity)
 	seats := admit.NewWatchOpenSeats(o.MaxWatchOpensInFlight, o.Clock)
 	warnings := admit.NewWarningLimiter(admit.WarningInterval, admit.MaxWarnedIdentities)
@@ -168,14 +171,14 @@ func NewServer(opts Options) (*Server, error) {
 		Engine: o.Engine, Clock: o.Clock, Watches: watches, Log: decisionLogs,
 		MaxDelay: o.MaxRejectDelay, DelaySlots: make(chan struct{}, o.MaxDelayedRejections),
 		Coalescer: coalesce.New(), QuietWindow: coalesce.LeaderQuietWindow, FollowerWait: coalesce.FollowerWait,
-		Guard: guard, Seats: seats, Opens: opens, Warnings: warnings,
+		Guard: replicaGuard, Seats: seats, Opens: opens, Warnings: warnings,
 	}
 	forward := upstream.NewReverseProxy(target, transport, errorLog, errorLogs, relay.ForwardedWatch)
 	h := chain(tokens, impersonation, o.ReviewFailurePolicy, adm, topEndpoint, errorLogs, forward)
 	return &Server{
 		opts: o, log: lg, handler: h, cert: cert, watches: watches, client: probe, errorLog: errorLog,
 		upstreamErr: errNotProbed, saTokens: saTokens, keyLogs: errorLogs, upstreamConns: conns,
-		upstream: transport.(upstream.Transport),
+		upstream: transport.(upstream.Transport), guard: replicaGuard,
 	}, nil
 }
 
@@ -254,6 +257,7 @@ func (s *Server) Start(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() { s.sweep(bg) })
+	wg.Go(func() { s.guard.RunSweeps(bg) })
 	wg.Go(func() { s.probeUpstream(bg) })
 	if s.saTokens != nil {
 		wg.Go(func() { s.saTokens.Run(bg, s.opts.Clock, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })

@@ -20,7 +20,8 @@ import (
 // The replica's own guard in front of the real API server: at --max-watches
 // a new watch gets 429 with Retry-After and open watches go on; above the
 // memory high-water mark (memory read through the test seam) a new watch
-// gets 503 with Retry-After while lists still pass; both lift by themselves.
+// or list of the caller holding the most gets 503 with Retry-After while
+// another caller's list still passes; both lift by themselves.
 // The real runtime reading against a real GOMEMLIMIT is `make load`.
 func TestWatchGuardThroughTheProxy(t *testing.T) {
 	ctx := context.Background()
@@ -98,8 +99,16 @@ func TestWatchGuardThroughTheProxy(t *testing.T) {
 	if retry == "" || reason != metav1.StatusReasonServiceUnavailable || !strings.Contains(decision, "reason="+proxy.GuardMemoryHighWater) {
 		t.Errorf("a watch above the memory mark: Retry-After %q, %q, %s; want Retry-After, reason %s", retry, decision, reason, proxy.GuardMemoryHighWater)
 	}
-	if _, err := cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("a list above the memory mark: %v, want it served", err)
+	if code, _, decision, _ := try("/api/v1/namespaces/" + ns + "/configmaps"); code != http.StatusServiceUnavailable {
+		t.Errorf("a list of the caller holding the most above the memory mark: HTTP %d, %q; want 503", code, decision)
+	}
+	other := serviceAccount(t, ns, "other", readWatch("configmaps"))
+	ocs, err := kubernetes.NewForConfig(env.ConfigFor(other.Token, url, ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ocs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("another caller's list above the memory mark: %v, want it served", err)
 	}
 	inUse.Store(100 << 20)
 	eventually(t, 10*time.Second, "the memory guard to lift", func() (bool, error) {

@@ -154,13 +154,15 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			}
 			var release func()
 			if a.Guard != nil {
-				release = func() { a.Guard.ReleaseFlow(flow) }
+				r, release = a.accountWatch(w, r, flow)
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
 			a.serveWatch(w, r, c, &d, start, lead, release, seat, next)
+		case c.Verb == ratelimit.VerbList && a.Guard != nil:
+			a.serveList(w, r, c, caller, next)
 		default:
-			serveList(w, r, c, next)
+			forwardCountingRebuilds(w, r, c, next)
 		}
 	})
 }

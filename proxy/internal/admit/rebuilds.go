@@ -22,10 +22,10 @@ var rebuildsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func init() { metrics.Registry.MustRegister(rebuildsTotal) }
 
-// serveList forwards an admitted list (or anything else the admission
+// forwardCountingRebuilds forwards an admitted list (or anything else the admission
 // filter passes on) and counts a LIST's first page the API server answered
 // 200 as a rebuild of its resource.
-func serveList(w http.ResponseWriter, r *http.Request, c *request.Classification, next http.Handler) {
+func forwardCountingRebuilds(w http.ResponseWriter, r *http.Request, c *request.Classification, next http.Handler) {
 	if c.Verb != ratelimit.VerbList || c.Continue {
 		next.ServeHTTP(w, r)
 		return

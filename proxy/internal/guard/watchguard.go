@@ -125,6 +125,10 @@ type Guard struct {
 	highWaterPercent int
 	memory           *memorySampler
 	Clock            clock.PassiveClock
+	// Streams, when not nil, accounts the bytes callers' streams hold
+	// buffered: above the memory mark only the callers holding the most
+	// are refused, and a caller at its share of bytes is (streamguard.go).
+	Streams *Streams
 
 	mu      sync.Mutex
 	open    int64                  // guarded by mu
@@ -227,8 +231,11 @@ func (g *Guard) Release(caller string) { g.ReleaseFlow(FlowOf(caller, "")) }
 // reason it cannot; after "", call ReleaseFlow(f) when the watch ends.
 func (g *Guard) AdmitFlow(now time.Time, f Flow) (reason string, s *MemorySample) {
 	s = g.memory.at(now)
-	st := guardState{highWater: s.above(g.highWater), nearMemory: s.above(g.highWater * fairShareMemoryFraction), impersonated: f.User != ""}
-	if st.highWater {
+	if reason = g.bufferedVerdict(f.Caller, s); reason != "" {
+		return reason, s
+	}
+	st := guardState{highWater: g.memoryRefuses(f.Caller, s), nearMemory: s.above(g.highWater * fairShareMemoryFraction), impersonated: f.User != ""}
+	if s.above(g.highWater) {
 		g.memory.reclaim(now)
 	}
 	g.mu.Lock()
@@ -316,7 +323,7 @@ func (g *Guard) Refuse(w http.ResponseWriter, r *http.Request, reason string, s 
 	switch reason {
 	case GuardMemoryHighWater:
 		e = answer.ServiceUnavailable(fmt.Sprintf(
-			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches for now, please try again in %ds",
+			"watchgate is near its memory limit (%d of %d MiB in use) and accepts no new watches or lists for now from the callers holding the most of it, please try again in %ds",
 			s.inUse>>20, s.limit>>20, RetryAfterSeconds), RetryAfterSeconds)
 	case GuardMaxWatchesPerIdentity:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
@@ -326,6 +333,8 @@ func (g *Guard) Refuse(w http.ResponseWriter, r *http.Request, reason string, s 
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate forwards at most %d watches on this replica for one user your agent impersonates, a quarter of the agent's, please try again in %ds",
 			max(1, g.perIdentity/perUserDivisor), RetryAfterSeconds), RetryAfterSeconds)
+	case GuardBufferedBytes, GuardMaxListsPerIdentity:
+		e = g.streamsRefusal(reason)
 	case GuardFairShare:
 		e = apierrors.NewTooManyRequests(fmt.Sprintf(
 			"watchgate is near its capacity on this replica and you hold your fair share of its watches, please try again in %ds",
@@ -352,6 +361,8 @@ func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 		return fmt.Sprintf("you hold --max-watches-per-identity=%d watches", g.perIdentity)
 	case GuardMaxWatchesPerUser:
 		return fmt.Sprintf("the user you impersonate holds a quarter of --max-watches-per-identity=%d watches", g.perIdentity)
+	case GuardBufferedBytes, GuardMaxListsPerIdentity:
+		return g.streamsRefusalText(reason)
 	case GuardFairShare:
 		if g.maxWatches <= 0 {
 			return fmt.Sprintf("near --memory-high-water-percent=%d, you hold your fair share of the watches", g.highWaterPercent)
@@ -366,7 +377,7 @@ func (g *Guard) RefusalText(reason string, s *MemorySample) string {
 var (
 	Rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_guard_rejections_total",
-		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, MaxWatchesPerUser, FairShare, WatchOpenRate, WatchOpenQueue).",
+		Help: "Watch opens a budget admitted and the replica's own guard refused, by reason (MemoryHighWater, MaxWatches, MaxWatchesPerIdentity, MaxWatchesPerUser, FairShare, WatchOpenRate, WatchOpenQueue, BufferedBytes, MaxListsPerIdentity; the last two and MemoryHighWater also for lists).",
 	}, []string{"reason"})
 
 	guardCallers = prometheus.NewGauge(prometheus.GaugeOpts{

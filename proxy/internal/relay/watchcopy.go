@@ -25,9 +25,17 @@ type relayedStream interface {
 	readAfter(p []byte) (n int, err error)
 }
 
+// writeProgress is told when a write to the client starts and returns
+// (guard.Stream), so that a write that stalls can be cut.
+type writeProgress interface {
+	Writing(n int)
+	Wrote(n int)
+}
+
 // copyWatch relays an admitted watch's stream from body to w, flushing
 // after every read, until body ends (nil at io.EOF) or a read or write
-// fails (that error).
+// fails (that error). progress, when not nil, is told of each write and
+// flush.
 //
 // httputil.ReverseProxy reads a response through one copy buffer for its
 // whole life: for a watch, 32 KiB held while the stream is idle, which is
@@ -45,7 +53,7 @@ type relayedStream interface {
 // the read after waitByte waits is an upstream that sends a single byte in
 // a frame of its own: its stream then reaches the client a frame later.
 // kube-apiserver writes whole events.
-func copyWatch(w http.ResponseWriter, body relayedStream, pool bufferPool) error {
+func copyWatch(w http.ResponseWriter, body relayedStream, pool bufferPool, progress writeProgress) error {
 	rc := http.NewResponseController(w)
 	full := false
 	for {
@@ -73,8 +81,14 @@ func copyWatch(w http.ResponseWriter, body relayedStream, pool bufferPool) error
 		full = n == len(buf) && n > 0
 		var werr error
 		if n > 0 {
+			if progress != nil {
+				progress.Writing(n)
+			}
 			if _, werr = w.Write(buf[:n]); werr == nil {
 				werr = rc.Flush()
+			}
+			if progress != nil {
+				progress.Wrote(n)
 			}
 		}
 		if buf != nil {

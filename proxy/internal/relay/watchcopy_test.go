@@ -85,7 +85,7 @@ func TestCopyWatchHoldsNoBufferWhileWaiting(t *testing.T) {
 		}
 	}
 	counted := &countingReads{r: stream, n: &read}
-	if err := copyWatch(w, &readerStream{Reader: counted}, pool); err != nil {
+	if err := copyWatch(w, &readerStream{Reader: counted}, pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(w.written.Bytes(), want) {
@@ -126,7 +126,7 @@ func TestCopyWatchReturnsTheFirstFailure(t *testing.T) {
 			tc.stream.check = func([]byte) {}
 			w := &flushRecorder{writeErr: tc.writeErr}
 			pool := &countingPool{}
-			if err := copyWatch(w, &readerStream{Reader: tc.stream}, pool); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			if err := copyWatch(w, &readerStream{Reader: tc.stream}, pool, nil); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 				t.Errorf("got %v, want %v", err, tc.want)
 			}
 			if w.written.Len() != tc.written || pool.out != 0 {

@@ -134,7 +134,11 @@ func (ws *Watch) UpstreamAnswered(resp *http.Response) {
 // stream that breaks breaks the client's too (http.ErrAbortHandler), as
 // the reverse proxy does, so that the client sees an error, not an end.
 func (ws *Watch) Relay(w http.ResponseWriter, r *http.Request) {
-	err := copyWatch(w, ws.body, upstream.CopyBuffers{})
+	var progress writeProgress
+	if ws.body.account != nil {
+		progress = ws.body.account
+	}
+	err := copyWatch(w, ws.body, upstream.CopyBuffers{}, progress)
 	_ = ws.body.Close()
 	if err != nil && r.Context().Value(http.ServerContextKey) != nil {
 		panic(http.ErrAbortHandler)
@@ -287,10 +291,29 @@ type watchBody struct {
 	readErr  error           // first read error other than io.EOF
 	first    [1]byte         // the byte waitByte takes
 	closing  sync.Once
+	// account, when not nil, is told the bytes the inspectors keep
+	// (inspected, as last told) and the relay's writes.
+	account   streamAccount
+	inspected int
+}
+
+// bufferAccountFrom is upstream.BufferAccountFrom, where a parameter
+// named upstream hides the package.
+var bufferAccountFrom = upstream.BufferAccountFrom
+
+// streamAccount is the guard.Stream the admission filter accounts an
+// admitted watch's bytes to, found in the request's context
+// (upstream.BufferAccountFrom).
+type streamAccount interface {
+	upstream.BufferAccount
+	writeProgress
 }
 
 func newWatchBody(ws *Watch, upstream io.ReadCloser, contentType, contentEncoding string) *watchBody {
 	b := &watchBody{ws: ws, upstream: upstream}
+	if ws.clientCtx != nil {
+		b.account, _ = bufferAccountFrom(ws.clientCtx).(streamAccount)
+	}
 	if f, s, gzipped, ok := inspect.FramingFor(contentType, contentEncoding); ok {
 		b.inspect = inspect.NewStream(f, s, ws)
 		if gzipped {
@@ -344,6 +367,7 @@ func (b *watchBody) observe(p []byte, err error) (int, error) {
 		case b.inspect != nil:
 			b.inspect.Write(p)
 		}
+		b.accountInspected()
 	}
 	if err != nil && b.inflate != nil {
 		if b.ws.clientGone() {
@@ -375,8 +399,25 @@ func (b *watchBody) Close() error {
 		if b.inspect != nil {
 			b.inspect.Release()
 		}
+		b.accountInspected()
 	})
 	return err
+}
+
+// accountInspected tells the account how the bytes the inspectors keep
+// changed since it was last told.
+func (b *watchBody) accountInspected() {
+	if b.account == nil || b.inspect == nil {
+		return
+	}
+	n := b.inspect.Buffered()
+	if b.inflate != nil {
+		n += b.inflate.Buffered()
+	}
+	if d := n - b.inspected; d != 0 {
+		b.inspected = n
+		b.account.AddBuffered(d)
+	}
 }
 
 // ForwardedWatch is the forwarder's view of the admitted watch a request

@@ -161,14 +161,15 @@ func (t Transport) CloseIdleConnections() {
 }
 
 // RoundTrip sends r over the transport its kind takes: upgrades over
-// HTTP/1.1, admitted watches over the watch client, the rest over
-// net/http's HTTP/2.
+// HTTP/1.1, admitted watches and accounted requests (an admitted list:
+// WithBufferAccount) over the watch client, the rest over net/http's
+// HTTP/2.
 func (t Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") {
 		return t.upgrade.RoundTrip(r)
 	}
 	if t.watches != nil && r.URL.Scheme == "https" && r.Method == http.MethodGet && (r.Body == nil || r.Body == http.NoBody) &&
-		t.admitted != nil && t.admitted(r.Context()) != nil {
+		(BufferAccountFrom(r.Context()) != nil || t.admitted != nil && t.admitted(r.Context()) != nil) {
 		return t.watches.RoundTrip(r)
 	}
 	return t.normal.RoundTrip(r)

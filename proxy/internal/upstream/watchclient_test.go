@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,8 +345,11 @@ func TestWatchClientChurnStaysWithinTheStreamLimit(t *testing.T) {
 	t.Logf("%d connections for %d watches, %d at a time of %d per connection", accepted.Load(), workers*rounds, workers, streams)
 }
 
-// A watch whose client does not read holds at most its stream's window
-// and stalls no other watch on the same connection.
+// A watch whose client does not read holds at most its stream's initial
+// window (64 KiB, not the 1 MiB a stream's window grows to) and stalls no
+// other watch on the same connection; a stream whose client reads grows
+// its window to the most, and the bytes waiting are reported to the
+// request's BufferAccount.
 func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 	checkNoGoroutineLeak(t)
 	const size = 3 * upstreamStreamWindowBytes
@@ -359,7 +363,9 @@ func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 		}
 	})
 	wc, conns := watchClientFor(t, up)
-	stalled, err := wc.RoundTrip(watchRequest(t, context.Background(), up, "/stalled"))
+	var lastWindow atomic.Int64
+	account := &countingAccount{}
+	stalled, err := wc.RoundTrip(watchRequest(t, WithBufferAccount(context.Background(), account), up, "/stalled"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,6 +379,10 @@ func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 		if err != nil || n != size {
 			t.Fatalf("reader %d got %d bytes, %v; want %d", i, n, err, size)
 		}
+		rs := resp.Body.(*watchConnStream)
+		rs.mu.Lock()
+		lastWindow.Store(int64(rs.window))
+		rs.mu.Unlock()
 		_ = resp.Body.Close()
 	}
 	if n := conns.Open.Load(); n != 1 {
@@ -382,8 +392,14 @@ func TestWatchClientSlowReaderStallsNoOtherStream(t *testing.T) {
 	s.mu.Lock()
 	buffered := s.buffered
 	s.mu.Unlock()
-	if buffered > upstreamStreamWindowBytes {
-		t.Errorf("the unread stream buffers %d bytes, more than its window %d", buffered, upstreamStreamWindowBytes)
+	if buffered > upstreamInitialStreamWindowBytes || buffered == 0 {
+		t.Errorf("the unread stream buffers %d bytes, want some and at most its initial window %d", buffered, upstreamInitialStreamWindowBytes)
+	}
+	if got := account.n.Load(); got != int64(buffered) {
+		t.Errorf("the account counts %d bytes, want the %d buffered", got, buffered)
+	}
+	if window := lastWindow.Load(); window != upstreamMaxStreamWindowBytes {
+		t.Errorf("a reader's stream window grew to %d, want %d", window, upstreamMaxStreamWindowBytes)
 	}
 	n, err := io.Copy(io.Discard, stalled.Body)
 	if err != nil || n != size {
@@ -407,3 +423,8 @@ func TestWatchClientRequiresHTTP2(t *testing.T) {
 		t.Errorf("%d connections left open", n)
 	}
 }
+
+// countingAccount is a BufferAccount that counts.
+type countingAccount struct{ n atomic.Int64 }
+
+func (a *countingAccount) AddBuffered(delta int) { a.n.Add(int64(delta)) }

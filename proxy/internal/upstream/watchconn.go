@@ -46,17 +46,27 @@ const (
 // unread events wait in the transport's buffer for that stream, up to the
 // stream's window, and hold as much of the connection's window. A
 // connection whose window is taken by its slow streams stalls all its
-// streams, the fast clients' too. With a 1 MiB window per stream and the
-// largest window per connection HTTP/2 allows (2 GiB - 1; Go's transport
-// announces it above the initial 64 KiB, hence the difference), that cannot
-// happen below 2,047 streams per connection (kube-apiserver allows 100 by
-// default, --http2-max-streams-per-connection; aggregated API servers
-// 1,000), and a slow client costs the proxy at most 1 MiB of buffer per
-// watch (Go's defaults: 4 MiB per stream, 1 GiB per connection, which 256
-// slow watches on one connection exhaust).
+// streams, the fast clients' too. With at most 1 MiB of window per stream
+// and the largest window per connection HTTP/2 allows (2 GiB - 1; Go's
+// transport announces it above the initial 64 KiB, hence the difference),
+// that cannot happen below 2,047 streams per connection (kube-apiserver
+// allows 100 by default, --http2-max-streams-per-connection; aggregated API
+// servers 1,000). Go's defaults: 4 MiB per stream, 1 GiB per connection,
+// which 256 slow watches on one connection exhaust.
+//
+// net/http's transport (requests other than admitted watches and lists)
+// has a fixed window of upstreamStreamWindowBytes per stream. The watch
+// client's streams (admitted watches and lists) start at
+// upstreamInitialStreamWindowBytes, and a stream's window doubles, up to
+// upstreamMaxStreamWindowBytes, each time its client has taken every byte
+// that came by the time half of the window is read (watchConnStream.Read):
+// an idle or slow stream holds at most 64 KiB, one whose client keeps up
+// grows to 1 MiB within five round trips.
 const (
-	upstreamStreamWindowBytes     = 1 << 20
-	upstreamConnectionWindowBytes = math.MaxInt32 - 65535
+	upstreamStreamWindowBytes        = 1 << 20
+	upstreamInitialStreamWindowBytes = 64 << 10
+	upstreamMaxStreamWindowBytes     = 1 << 20
+	upstreamConnectionWindowBytes    = math.MaxInt32 - 65535
 )
 
 // watchConn is an HTTP/2 connection to the API server carrying admitted
@@ -101,8 +111,8 @@ type watchConn struct {
 }
 
 // newWatchConn starts HTTP/2 on conn, which negotiated h2: it sends the
-// client preface, its SETTINGS (no push, upstreamStreamWindowBytes per
-// stream, header lists up to upstreamMaxHeaderListBytes) and opens the
+// client preface, its SETTINGS (no push, upstreamInitialStreamWindowBytes per
+// stream initially, header lists up to upstreamMaxHeaderListBytes) and opens the
 // connection's window to upstreamConnectionWindowBytes, then reads.
 func newWatchConn(conn net.Conn, state *tls.ConnectionState, now time.Time) (*watchConn, error) {
 	cc := &watchConn{
@@ -123,7 +133,7 @@ func newWatchConn(conn net.Conn, state *tls.ConnectionState, now time.Time) (*wa
 	if err == nil {
 		err = cc.fr.WriteSettings(
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
-			http2.Setting{ID: http2.SettingInitialWindowSize, Val: upstreamStreamWindowBytes},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: upstreamInitialStreamWindowBytes},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: upstreamMaxHeaderListBytes},
 		)
 	}
@@ -187,7 +197,8 @@ func (cc *watchConn) close() { _ = cc.conn.Close() }
 // answer), which may then be sent again.
 func (cc *watchConn) roundTrip(req *http.Request) (resp *http.Response, retry bool, err error) {
 	ctx := req.Context()
-	s := &watchConnStream{cc: cc, ready: make(chan struct{}, 1), inflow: upstreamStreamWindowBytes, open: true}
+	s := &watchConnStream{cc: cc, ready: make(chan struct{}, 1), open: true,
+		inflow: upstreamInitialStreamWindowBytes, window: upstreamInitialStreamWindowBytes, account: BufferAccountFrom(ctx)}
 
 	cc.wmu.Lock()
 	cc.hbuf.Reset()

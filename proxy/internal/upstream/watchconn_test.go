@@ -370,7 +370,7 @@ func TestWatchClientHostileUpstream(t *testing.T) {
 		"DATA beyond the stream's window": {inBody: true, respond: func(c *scriptedConn, id uint32) {
 			c.headers(id, false, ":status", "200")
 			chunk := strings.Repeat("x", 16<<10)
-			for range upstreamStreamWindowBytes/len(chunk) + 1 {
+			for range upstreamInitialStreamWindowBytes/len(chunk) + 1 {
 				c.data(id, false, chunk)
 			}
 			// Once the PING is acknowledged the client has taken all of

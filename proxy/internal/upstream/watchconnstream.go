@@ -40,10 +40,11 @@ var (
 // The connection's read loop appends the DATA it receives to chunks
 // (pooled) and signals ready; Read takes bytes out, returns chunks to the
 // pool as they empty and gives the stream's flow-control credit back to
-// the API server as it reads, so a slow client holds at most
-// upstreamStreamWindowBytes here (the connection's credit goes back as
-// DATA arrives: one slow client never stalls the connection's other
-// watches).
+// the API server as it reads, so a slow client holds at most the stream's
+// window here, upstreamInitialStreamWindowBytes unless its client kept up
+// before (the connection's credit goes back as DATA arrives: one slow
+// client never stalls the connection's other watches). The bytes waiting
+// are reported to the request's BufferAccount, if any.
 //
 // After RoundTrip has returned, nothing here keeps the request or the
 // response alive.
@@ -66,12 +67,14 @@ type watchConnStream struct {
 	gotResponse   bool // the final (non-1xx) HEADERS came
 	chunks        []*watchChunk
 	buffered      int
-	inflow        int   // receive window the API server may still use
-	unacked       int   // read (or padding) credit not yet returned
-	eof           bool  // END_STREAM came: io.EOF after the buffered bytes
-	err           error // the stream failed; Read returns it (buffers freed)
-	retry         bool  // err came before the API server processed the request
-	closed        bool  // Close was called
+	inflow        int           // receive window the API server may still use
+	window        int           // the stream's window: inflow, buffered and unacked bytes
+	account       BufferAccount // told the bytes buffered; nil: none
+	unacked       int           // read (or padding) credit not yet returned
+	eof           bool          // END_STREAM came: io.EOF after the buffered bytes
+	err           error         // the stream failed; Read returns it (buffers freed)
+	retry         bool          // err came before the API server processed the request
+	closed        bool          // Close was called
 }
 
 // signal wakes the goroutine waiting on the stream, if any.
@@ -110,6 +113,9 @@ func (s *watchConnStream) receive(data []byte, n int, end bool) http2.ErrCode {
 			c.w += m
 			s.buffered += m
 			data = data[m:]
+			if s.account != nil {
+				s.account.AddBuffered(m)
+			}
 		}
 	}
 	if end {
@@ -140,8 +146,14 @@ func (s *watchConnStream) Read(p []byte) (int, error) {
 			n := s.take(p)
 			credit := 0
 			s.unacked += n
-			if !s.eof && s.unacked >= upstreamStreamWindowBytes/2 {
+			if !s.eof && s.unacked >= s.window/2 {
 				credit, s.unacked = s.unacked, 0
+				if s.buffered == 0 && s.window < upstreamMaxStreamWindowBytes {
+					// The client took all that came: the window, not the
+					// client, holds the stream back.
+					credit += s.window
+					s.window *= 2
+				}
 				s.inflow += credit
 			}
 			s.mu.Unlock()
@@ -174,6 +186,9 @@ func (s *watchConnStream) take(p []byte) int {
 		}
 	}
 	s.buffered -= n
+	if s.account != nil {
+		s.account.AddBuffered(-n)
+	}
 	if len(s.chunks) == 0 {
 		s.chunks = nil // an idle stream holds no buffer
 	}
@@ -184,6 +199,9 @@ func (s *watchConnStream) take(p []byte) int {
 func (s *watchConnStream) freeLocked() {
 	for _, c := range s.chunks {
 		watchChunkPool.Put(c)
+	}
+	if s.account != nil {
+		s.account.AddBuffered(-s.buffered)
 	}
 	s.chunks, s.buffered = nil, 0
 }
