@@ -216,7 +216,8 @@ func TestLoadHostileSwarm(t *testing.T) {
 	}
 	peak := peakRSS()
 
-	ceiling := int64(proxy.DefaultMaxWatches / 4)
+	goMemLimit := uint64(limit * 9 / 10 >> 20 << 20)
+	ceiling := int64(proxy.MaxWatchesFor(proxy.MemoryLimit{Source: proxy.MemoryLimitFromGoMemLimit, Bytes: goMemLimit, GoMemLimit: goMemLimit}) / 4)
 	if n := swarmHeld.Load(); n > ceiling {
 		t.Errorf("the namespace's %d service accounts hold %d watches, want at most one caller's ceiling, %d", swarmAccounts, n, ceiling)
 	}
