@@ -39,8 +39,10 @@ const (
 // Above the memory mark it also cuts the stalled streams of the caller
 // that holds the most bytes, whatever their age.
 //
-// Callers are told apart by the caller's name (the authenticated
-// identity, never an impersonated one). State is one entry per caller
+// Callers are told apart by their tenant (TenantOf: the authenticated
+// identity, never an impersonated one, and a namespace's service accounts
+// together, as the watch guard counts them), so that minting service
+// accounts does not multiply a share; "caller" below is that tenant. State is one entry per caller
 // holding streams and a Stream per stream, both freed when the stream
 // closes. The hot path (AddBuffered, Writing, Wrote) is atomic adds; Open
 // and Close take one lock. It is safe for concurrent use.
@@ -113,10 +115,11 @@ func (s *Streams) Open(caller string, list bool, cut func()) *Stream {
 	st := &Stream{owner: s, list: list, cut: cut}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.callers[caller]
+	key := TenantOf(caller)
+	c := s.callers[key]
 	if c == nil {
-		c = &callerStreams{name: caller}
-		s.callers[caller] = c
+		c = &callerStreams{name: key}
+		s.callers[key] = c
 	}
 	c.streams++
 	if list {
@@ -232,7 +235,7 @@ func (s *Streams) aboveAverage(caller string) bool {
 	defer s.mu.Unlock()
 	callers := int64(len(s.callers))
 	var held int64
-	if c := s.callers[caller]; c != nil {
+	if c := s.callers[TenantOf(caller)]; c != nil {
 		held = callerHeld(c)
 	} else {
 		callers++
@@ -247,7 +250,7 @@ func (s *Streams) aboveAverage(caller string) bool {
 func (s *Streams) bufferedVerdict(caller string, list bool, share int64) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.callers[caller]
+	c := s.callers[TenantOf(caller)]
 	switch {
 	case c == nil:
 		return ""
@@ -315,7 +318,7 @@ func (s *Streams) BufferedBytes() int64 { return s.bufferedTotal.Load() }
 func (s *Streams) CallerBuffered(caller string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c := s.callers[caller]; c != nil {
+	if c := s.callers[TenantOf(caller)]; c != nil {
 		return c.buffered.Load()
 	}
 	return 0

@@ -238,3 +238,47 @@ func TestWriteCutterFailsTheWrite(t *testing.T) {
 		t.Fatal("the blocked write was not cut")
 	}
 }
+
+// A namespace's service accounts are one tenant for bytes and lists as for
+// watches: minting accounts does not multiply the share, while a service
+// account of another namespace and a user keep their own.
+func TestStreamsSharePerTenant(t *testing.T) {
+	g := New(0, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now()))
+	g.Streams = NewStreams(time.Minute, 2)
+	now := time.Now()
+	var open []*Stream
+	defer func() {
+		for _, st := range open {
+			st.Close()
+		}
+	}()
+	for _, sa := range []string{"system:serviceaccount:tenant:a", "system:serviceaccount:tenant:b"} {
+		st, r, _ := g.AdmitList(now, sa, nil)
+		if r != "" {
+			t.Fatalf("%s's first list: %q, want admitted", sa, r)
+		}
+		open = append(open, st)
+	}
+	if _, r, _ := g.AdmitList(now, "system:serviceaccount:tenant:c", nil); r != GuardMaxListsPerIdentity {
+		t.Errorf("a third account of the namespace: %q, want %q (the tenant's lists are at the cap)", r, GuardMaxListsPerIdentity)
+	}
+	for _, other := range []string{"system:serviceaccount:other:a", "alice"} {
+		st, r, _ := g.AdmitList(now, other, nil)
+		if r != "" {
+			t.Errorf("%s: %q, want admitted", other, r)
+			continue
+		}
+		open = append(open, st)
+	}
+
+	share := g.bufferedShare(g.memory.at(now))
+	w := g.Streams.Open("system:serviceaccount:tenant:d", false, nil)
+	open = append(open, w)
+	w.AddBuffered(int(share))
+	if r, _ := g.AdmitFlow(now, FlowOf("system:serviceaccount:tenant:e", "")); r != GuardBufferedBytes {
+		t.Errorf("another account of a namespace holding its share: %q, want %q", r, GuardBufferedBytes)
+	}
+	if got := g.Streams.CallerBuffered("system:serviceaccount:tenant:a"); got != share {
+		t.Errorf("the tenant holds %d, want %d", got, share)
+	}
+}
