@@ -139,6 +139,12 @@ type Options struct {
 	// waiting at once; beyond it they are answered at once. Default 4096.
 	MaxRejectDelay       time.Duration
 	MaxDelayedRejections int
+	// MaxStaleWatchDelay bounds instead how long a watch answered locally
+	// as too old waits before its answer: the engine's stale hold, which
+	// grows with the budget's backoff while a client loops on a stale
+	// version; default 10s, within the default shutdown drain and grace so
+	// that a replica that stops answers the watches it holds.
+	MaxStaleWatchDelay time.Duration
 
 	// ShutdownDrainDelay and ShutdownGracePeriod time the shutdown; see
 	// GracefulShutdownTimeout. Defaults DefaultShutdownDrainDelay and
@@ -267,6 +273,7 @@ func (o *Options) Validate() field.ErrorList {
 	errs = append(errs, bounds.NonNegative(p("serviceAccountKeysRefreshInterval"), o.ServiceAccountKeysRefreshInterval)...)
 	errs = append(errs, bounds.NonNegative(p("maxRejectDelay"), o.MaxRejectDelay)...)
 	errs = append(errs, bounds.NonNegative(p("maxDelayedRejections"), o.MaxDelayedRejections)...)
+	errs = append(errs, bounds.NonNegative(p("maxStaleWatchDelay"), o.MaxStaleWatchDelay)...)
 	errs = append(errs, bounds.NonNegative(p("shutdownDrainDelay"), o.ShutdownDrainDelay)...)
 	errs = append(errs, bounds.Within(p("shutdownGracePeriod"), o.ShutdownGracePeriod, 0, MaxShutdownGracePeriod)...)
 	errs = append(errs, bounds.NonNegative(p("sweepInterval"), o.SweepInterval)...)
@@ -339,6 +346,7 @@ func (o Options) complete() Options {
 		o.Reviews = o.Upstream
 	}
 	def(&o.MaxRejectDelay, time.Second)
+	def(&o.MaxStaleWatchDelay, 10*time.Second)
 	defInt(&o.MaxDelayedRejections, 4096)
 	def(&o.ShutdownDrainDelay, DefaultShutdownDrainDelay)
 	def(&o.ShutdownGracePeriod, DefaultShutdownGracePeriod)

@@ -52,6 +52,7 @@ func TestOptionsValidateBounds(t *testing.T) {
 		"a negative key refresh interval":                   {Options{ServiceAccountKeysRefreshInterval: -1}, "serviceAccountKeysRefreshInterval"},
 		"a negative reject delay":                           {Options{MaxRejectDelay: -1}, "maxRejectDelay"},
 		"a negative count of delayed rejections":            {Options{MaxDelayedRejections: -1}, "maxDelayedRejections"},
+		"a negative stale watch delay":                      {Options{MaxStaleWatchDelay: -1}, "maxStaleWatchDelay"},
 		"a negative drain delay":                            {Options{ShutdownDrainDelay: -1}, "shutdownDrainDelay"},
 		"a negative grace period":                           {Options{ShutdownGracePeriod: -1}, "shutdownGracePeriod"},
 		"a grace period of 10m, the most":                   {Options{ShutdownGracePeriod: 10 * time.Minute}, ""},

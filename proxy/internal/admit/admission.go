@@ -27,10 +27,12 @@ type Admission struct {
 	Clock   clock.Clock
 	Watches *relay.OpenWatches
 	Log     *sampledlog.Logger
-	// maxDelay caps the wait before a rejection is answered; delaySlots
-	// caps how many rejections wait at once.
-	MaxDelay   time.Duration
-	DelaySlots chan struct{}
+	// maxDelay caps the wait before a rejection is answered, and
+	// MaxStaleDelay, when longer, that of a stale watch's answer (see
+	// reject); delaySlots caps how many rejections wait at once.
+	MaxDelay      time.Duration
+	MaxStaleDelay time.Duration
+	DelaySlots    chan struct{}
 	// coalescer holds back followers, concurrent watches from one
 	// resourceVersion, while their leader asks the API server (nil: none
 	// are held); quietWindow and followerWait are its timings.
@@ -239,14 +241,25 @@ func (a *Admission) decide(w http.ResponseWriter, r *http.Request, c *request.Cl
 }
 
 // reject answers a rejected watch or list after a short delay (see
-// WithAdmission). Out of line for the reason decide is.
+// WithAdmission): the engine's retry-after, at most MaxDelay. A stale
+// watch's answer is held up to MaxStaleDelay instead: its hold grows with
+// the budget's backoff while a client comes back with the version at once
+// (ratelimit's stale hold), and a watch that waits before its first event
+// is what any client expects of a watch, so that a looping client is
+// answered at the pace of its backoff, not once per MaxDelay. Out of line
+// for the reason decide is.
 //
 //go:noinline
 func (a *Admission) reject(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision) {
-	if !a.delay(r.Context(), d.RetryAfter) {
+	staleWatch := d.Reason == ratelimit.ReasonStaleResourceVersion && c.Verb == ratelimit.VerbWatch
+	limit := a.MaxDelay
+	if staleWatch {
+		limit = max(limit, a.MaxStaleDelay)
+	}
+	if !a.delay(r.Context(), d.RetryAfter, limit) {
 		return // the client left
 	}
-	if d.Reason == ratelimit.ReasonStaleResourceVersion && c.Verb == ratelimit.VerbWatch {
+	if staleWatch {
 		answer.WriteTooOld(w, r, c.ResourceVersion)
 		return
 	}
@@ -349,10 +362,10 @@ func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	ws.Relay(w, r)
 }
 
-// delay waits min(retryAfter, maxDelay) unless too many rejections are
+// delay waits min(retryAfter, limit) unless too many rejections are
 // already waiting; it returns false when the client left meanwhile.
-func (a *Admission) delay(ctx context.Context, retryAfter time.Duration) bool {
-	d := min(retryAfter, a.MaxDelay)
+func (a *Admission) delay(ctx context.Context, retryAfter, limit time.Duration) bool {
+	d := min(retryAfter, limit)
 	if d <= 0 {
 		return ctx.Err() == nil
 	}

@@ -3,13 +3,17 @@ package admit
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
@@ -152,7 +156,7 @@ func TestRejectionDelayEndsWhenTheClientLeaves(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if a.delay(ctx, time.Hour) {
+	if a.delay(ctx, time.Hour, time.Hour) {
 		t.Error("delay reported the client present")
 	}
 	if time.Since(start) > time.Second {
@@ -161,7 +165,50 @@ func TestRejectionDelayEndsWhenTheClientLeaves(t *testing.T) {
 	// With every slot taken, rejections are answered at once.
 	a.DelaySlots <- struct{}{}
 	start = time.Now()
-	if !a.delay(context.Background(), time.Hour) || time.Since(start) > time.Second {
+	if !a.delay(context.Background(), time.Hour, time.Hour) || time.Since(start) > time.Second {
 		t.Error("delay waited without a free slot")
+	}
+}
+
+// A stale watch's answer is held for the engine's whole hold (which grows
+// with the budget's backoff while a client loops on the version), up to
+// MaxStaleDelay; any other rejection at most MaxDelay.
+func TestAStaleWatchIsHeldForItsBackoff(t *testing.T) {
+	stale := &request.Classification{Verb: ratelimit.VerbWatch, Resource: "configmaps", ResourceVersion: "5"}
+	list := &request.Classification{Verb: ratelimit.VerbList, Resource: "configmaps"}
+	for name, tc := range map[string]struct {
+		c        *request.Classification
+		reason   ratelimit.Reason
+		wantHeld time.Duration
+		wantCode int
+	}{
+		"a stale watch, up to MaxStaleDelay":  {stale, ratelimit.ReasonStaleResourceVersion, 10 * time.Second, http.StatusOK},
+		"a rate-limited list, up to MaxDelay": {list, ratelimit.ReasonRateLimited, time.Second, http.StatusTooManyRequests},
+	} {
+		t.Run(name, func(t *testing.T) {
+			fc := clocktesting.NewFakeClock(time.Now())
+			a := &Admission{MaxDelay: time.Second, MaxStaleDelay: 10 * time.Second, DelaySlots: make(chan struct{}, 1), Clock: fc}
+			rec := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodGet, "/api/v1/configmaps?watch=true&resourceVersion=5", nil)
+			d := &ratelimit.Decision{Reason: tc.reason, RetryAfter: 30 * time.Second, Budget: "b"}
+			done := make(chan struct{})
+			go func() { defer close(done); a.reject(rec, r, tc.c, d) }()
+			for !fc.HasWaiters() {
+				time.Sleep(time.Millisecond)
+			}
+			fc.Step(tc.wantHeld - time.Millisecond)
+			if !fc.HasWaiters() {
+				t.Fatalf("answered before %v", tc.wantHeld)
+			}
+			fc.Step(time.Millisecond)
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("not answered after %v", tc.wantHeld)
+			}
+			if rec.Code != tc.wantCode {
+				t.Errorf("answered %d, want %d", rec.Code, tc.wantCode)
+			}
+		})
 	}
 }

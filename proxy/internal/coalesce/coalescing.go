@@ -42,14 +42,14 @@ const (
 	// quiet: the first event ends the wait.
 	LeaderQuietWindow    = 250 * time.Millisecond
 	maxLeaderQuietWindow = time.Second
-	// maxFollowers caps the followers waiting at once, and
-	// maxFollowersPerCaller those of one caller (authenticated identity):
-	// a caller at its bound, or any caller while the Coalescer is full,
-	// goes on without waiting, as when the table is full, so that one
-	// caller's followers cannot fill the Coalescer for the others. A
-	// follower costs a fixed few hundred bytes besides its request, and
+	// maxFollowers caps the followers waiting in line at once, and
+	// maxFollowersPerCaller those of one caller (authenticated identity),
+	// so that one caller's followers cannot fill the line for the others:
+	// a watch of a caller at its bound, or of any caller while the line is
+	// full, waits for the verdict out of line (see Coalescer). A follower
+	// in line costs a fixed few hundred bytes besides its request, and
 	// each caller with followers one map entry that shares the caller's
-	// name with its requests.
+	// name with its requests; one out of line costs the Coalescer nothing.
 	maxFollowers          = 8192
 	maxFollowersPerCaller = 256
 )
@@ -107,10 +107,14 @@ func KeyOf(c *request.Classification) (versionKey, bool) {
 //
 // State is bounded in count (maxCoalescedVersions) and bytes
 // (maxCoalescedVersionBytes); when full, watches are not coalesced.
-// Waiting followers are kept in the order they came, one small entry each
-// for as long as its request waits, at most maxFollowers in all and
-// maxFollowersPerCaller per caller: beyond, a watch goes on without
-// waiting. A follower holds no place of the replica's watch guard (it is
+// Waiting followers are kept in line in the order they came, one small
+// entry each for as long as its request waits, at most maxFollowers in all
+// and maxFollowersPerCaller per caller. Beyond, a follower waits out of
+// line: it keeps nothing in the Coalescer and is never handed the
+// leader's place; when the leader learns nothing it asks again as a newcomer
+// would (and follows the successor if one was handed the place), so that a
+// storm larger than its caller's bound still asks the API server once per
+// version. A follower holds no place of the replica's watch guard (it is
 // decided after its wait). It is safe for concurrent use.
 type Coalescer struct {
 	mu    sync.Mutex
@@ -158,6 +162,10 @@ type Leader struct {
 	// followers wait for this version's verdict, in the order they came; the
 	// table's lock guards it.
 	followers followerLine
+	// successor is the leader a follower was handed this one's place as,
+	// when it learnt nothing: the one that followers out of line wait for
+	// next. Set before done closes.
+	successor *Leader
 }
 
 // follower is a watch waiting in coalesce; the table's lock guards its fields.
@@ -258,8 +266,9 @@ func versionKeyBytes(k versionKey) int {
 
 // join returns the leader to carry when fw (the watch whose
 // request context is fw.ctx) is the leader from k, or the one it now
-// waits for, among its followers, when another watch is asking; both nil when
-// the table is full.
+// waits for when another watch is asking: among its followers in line
+// (fw.on is set) when fw's caller and the line are below their bounds, out
+// of line otherwise; both nil when the table is full.
 func (p *Coalescer) join(fw *follower, k versionKey) (lead, wait *Leader) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -277,7 +286,7 @@ func (p *Coalescer) joinLocked(fw *follower, k versionKey) (lead, wait *Leader) 
 		// Its client is there, or it is being resolved (which then
 		// releases fw with the others).
 		if !p.placeLocked(fw) {
-			return nil, nil
+			return nil, pv // out of line
 		}
 		fw.on = pv
 		pv.followers.push(fw)
@@ -349,6 +358,7 @@ func (p *Coalescer) resolveLocked(pv *Leader, settled bool) {
 		fw = after
 	}
 	pv.followers = followerLine{}
+	pv.successor = next
 	close(pv.done)
 }
 
@@ -370,10 +380,10 @@ func (p *Coalescer) len() int {
 // Coalesce is what a watch from k (whose request context is ctx, whose
 // caller is caller) does before it is decided: it returns the leader to
 // carry when this watch is the leader, nil when it need not ask (the
-// leader settled the verdict, the table or the caller's followers are
-// full, or it waited maxWait in all), and false when its own client left
-// while it waited. A follower asks in the place of a leader that learnt
-// nothing when it has waited longest, or waits for whoever does: for
+// leader settled the verdict, the table is full, or it waited maxWait in
+// all), and false when its own client left while it waited. A follower in
+// line asks in the place of a leader that learnt nothing when it has waited
+// longest, or waits for whoever does; one out of line joins again: for
 // maxLeadersFollowed leaders at most.
 func (p *Coalescer) Coalesce(ctx context.Context, k versionKey, caller string, maxWait time.Duration) (lead *Leader, ok bool) {
 	fw := &follower{ctx: ctx, caller: caller}
@@ -434,10 +444,19 @@ func (p *Coalescer) Coalesce(ctx context.Context, k versionKey, caller string, m
 				p.mu.Unlock()
 				return nil, true
 			}
+			wait = fw.on
 		case ctx.Err() != nil:
 			// Released without a successor while its client left.
 			p.mu.Unlock()
 			return nil, false
+		case wait.successor != nil:
+			// Out of line: the leader handed over to a follower in line.
+			leaders++
+			if leaders > maxLeadersFollowed {
+				p.mu.Unlock()
+				return nil, true
+			}
+			wait = wait.successor
 		default:
 			// Released without a successor: ask again.
 			leaders++
@@ -450,8 +469,8 @@ func (p *Coalescer) Coalesce(ctx context.Context, k versionKey, caller string, m
 				p.mu.Unlock()
 				return f, true
 			}
+			wait = w
 		}
-		wait = fw.on
 		p.mu.Unlock()
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/watchgate/watchgate/proxy/internal/logtest"
 	"github.com/watchgate/watchgate/proxy/internal/request"
 	"github.com/watchgate/watchgate/ratelimit"
@@ -395,9 +397,9 @@ func TestAFollowerWaitsForAtMostTwoLeaders(t *testing.T) {
 }
 
 // One caller's followers cannot fill the coalescer: beyond
-// maxFollowersPerCaller its next watch goes on without waiting, while
-// another caller's still waits; a follower that stops waiting frees its
-// place.
+// maxFollowersPerCaller its next watch waits without a place in the line
+// (it is never handed the leader's place), while another caller's still
+// takes one; a follower that stops waiting frees its place.
 func TestFollowersAreBoundedPerCaller(t *testing.T) {
 	p := New()
 	k := versionKey{resource: "pods", version: 5}
@@ -412,12 +414,14 @@ func TestFollowersAreBoundedPerCaller(t *testing.T) {
 			t.Fatalf("alice's follower %d does not wait", i)
 		}
 	}
-	if f, w := p.join(&follower{ctx: ctx, caller: "alice"}, k); f != nil || w != nil {
-		t.Errorf("alice's follower beyond her bound: lead=%v wait=%v, want it to go on", f, w)
+	beyond := &follower{ctx: ctx, caller: "alice"}
+	if f, w := p.join(beyond, k); f != nil || w != lead || beyond.placed || beyond.on != nil {
+		t.Errorf("alice's follower beyond her bound: lead=%v wait=%v placed=%v in line=%v, want it to wait out of line",
+			f, w, beyond.placed, beyond.on != nil)
 	}
 	bob := &follower{ctx: ctx, caller: "bob"}
-	if _, w := p.join(bob, k); w == nil {
-		t.Fatal("bob's follower does not wait")
+	if _, w := p.join(bob, k); w == nil || !bob.placed {
+		t.Fatal("bob's follower does not take a place")
 	}
 	p.mu.Lock()
 	p.leaveLocked(bob)
@@ -425,6 +429,54 @@ func TestFollowersAreBoundedPerCaller(t *testing.T) {
 	p.unplace(bob)
 	if n, all := p.waiting["bob"], p.waitingAll; n != 0 || all != maxFollowersPerCaller {
 		t.Errorf("after bob left: bob %d, all %d; want 0 and %d", n, all, maxFollowersPerCaller)
+	}
+}
+
+// A storm of one caller's watches from one version, more than its
+// followers' bound, asks the API server once: the watches beyond the
+// bound wait for the verdict too, and when the leader learns nothing
+// exactly one watch asks in its place.
+func TestAStormBeyondTheCallersBoundAsksOnce(t *testing.T) {
+	p := New()
+	k := versionKey{resource: "configmaps", version: 225}
+	lead, _ := p.join(&follower{ctx: context.Background(), caller: "alice"}, k)
+	if lead == nil {
+		t.Fatal("want a leader")
+	}
+	const storm = maxFollowersPerCaller + 100
+	coalescedBefore := coalescedSoFar(t)
+	results := make(chan held, storm)
+	for range storm {
+		go func() {
+			f, ok := p.Coalesce(context.Background(), k, "alice", time.Hour)
+			results <- held{f, ok}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for int(coalescedSoFar(t)-coalescedBefore)+len(results) < storm {
+		if time.Now().After(deadline) {
+			t.Fatal("the storm's watches neither waited nor went on")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(results); n != 0 {
+		t.Fatalf("%d of %d watches went on while the leader's verdict was pending, want all to wait", n, storm)
+	}
+	lead.HandOver()
+	next := wantAsks(t, results, "the watch handed the leader's place")
+	next.Settle()
+	for i := range storm - 1 {
+		select {
+		case h := <-results:
+			if !h.ok || h.lead != nil {
+				t.Fatalf("watch %d after the verdict: lead=%p ok=%v, want it to go on without asking", i, h.lead, h.ok)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d watches still wait after the verdict", storm-1-i)
+		}
+	}
+	if n, all := p.waiting["alice"], p.waitingAll; n != 0 || all != 0 {
+		t.Errorf("after the storm: alice %d, all %d waiting; want 0", n, all)
 	}
 }
 
@@ -453,4 +505,14 @@ func TestCoalescingHoldsOnlyWatchesFromVersion(t *testing.T) {
 			t.Errorf("%s: held for its twins %v, from version %v, want %v", query, held, c.FromVersion(), want)
 		}
 	}
+}
+
+// coalescedSoFar is WatchesCoalesced's count.
+func coalescedSoFar(t *testing.T) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := WatchesCoalesced.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
