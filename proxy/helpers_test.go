@@ -45,7 +45,7 @@ func newTestAdmission(t testing.TB, adm *admit.Admission, apiserver *rest.Config
 		t.Fatal(err)
 	}
 	logs := logtest.Discard()
-	adm.Clock, adm.Watches, adm.Log, adm.DelaySlots = clock.RealClock{}, relay.NewOpenWatches(), logs, make(chan struct{}, 8)
+	adm.Clock, adm.Watches, adm.Log, adm.DelaySlots = clock.RealClock{}, relay.NewOpenWatches(), logs, admit.NewDelaySlots(8)
 	adm.Coalescer, adm.QuietWindow, adm.FollowerWait = coalesce.New(), coalesce.LeaderQuietWindow, coalesce.FollowerWait
 	topEndpoint := top.NewEndpoint(adm.Engine, callertest.Access, "replica-0", clock.RealClock{}, logs)
 	topEndpoint.Reads = ratelimit.NewKeyRate(1e9, 1<<20, 16)

@@ -136,7 +136,8 @@ type Options struct {
 	// MaxRejectDelay bounds how long a rejected request waits before its
 	// answer (the engine's retry-after, capped), so that clients retrying at
 	// once are slowed; default 1s. MaxDelayedRejections caps rejections
-	// waiting at once; beyond it they are answered at once. Default 4096.
+	// waiting at once, a quarter of them per tenant (admit.DelaySlots);
+	// beyond it they are answered at once. Default 4096.
 	MaxRejectDelay       time.Duration
 	MaxDelayedRejections int
 	// MaxStaleWatchDelay bounds instead how long a watch answered locally

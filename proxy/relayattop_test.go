@@ -52,7 +52,7 @@ func TestRelayAtTopEndsAWatchAFilterPanickedOver(t *testing.T) {
 	engine := &enginetest.Engine{}
 	logs := logtest.Discard()
 	adm := &admit.Admission{
-		Engine: engine, Clock: clock.RealClock{}, Watches: relay.NewOpenWatches(), Log: logs, DelaySlots: make(chan struct{}, 8),
+		Engine: engine, Clock: clock.RealClock{}, Watches: relay.NewOpenWatches(), Log: logs, DelaySlots: admit.NewDelaySlots(8),
 		Coalescer: coalesce.New(), QuietWindow: coalesce.LeaderQuietWindow, FollowerWait: coalesce.FollowerWait, MaxDelay: 10 * time.Millisecond,
 		Guard: guard.New(1, 0, 85, noMemory, clocktesting.NewFakePassiveClock(time.Now())),
 	}

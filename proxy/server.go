@@ -169,7 +169,7 @@ func NewServer(opts Options) (*Server, error) {
 	warnings := admit.NewWarningLimiter(admit.WarningInterval, admit.MaxWarnedIdentities)
 	adm := &admit.Admission{
 		Engine: o.Engine, Clock: o.Clock, Watches: watches, Log: decisionLogs,
-		MaxDelay: o.MaxRejectDelay, MaxStaleDelay: o.MaxStaleWatchDelay, DelaySlots: make(chan struct{}, o.MaxDelayedRejections),
+		MaxDelay: o.MaxRejectDelay, MaxStaleDelay: o.MaxStaleWatchDelay, DelaySlots: admit.NewDelaySlots(o.MaxDelayedRejections),
 		Coalescer: coalesce.New(), QuietWindow: coalesce.LeaderQuietWindow, FollowerWait: coalesce.FollowerWait,
 		Guard: replicaGuard, Seats: seats, Opens: opens, Warnings: warnings,
 	}

@@ -29,10 +29,11 @@ type Admission struct {
 	Log     *sampledlog.Logger
 	// maxDelay caps the wait before a rejection is answered, and
 	// MaxStaleDelay, when longer, that of a stale watch's answer (see
-	// reject); delaySlots caps how many rejections wait at once.
+	// reject); DelaySlots caps how many rejections wait at once, per
+	// tenant first.
 	MaxDelay      time.Duration
 	MaxStaleDelay time.Duration
-	DelaySlots    chan struct{}
+	DelaySlots    *DelaySlots
 	// coalescer holds back followers, concurrent watches from one
 	// resourceVersion, while their leader asks the API server (nil: none
 	// are held); quietWindow and followerWait are its timings.
@@ -256,7 +257,7 @@ func (a *Admission) reject(w http.ResponseWriter, r *http.Request, c *request.Cl
 	if staleWatch {
 		limit = max(limit, a.MaxStaleDelay)
 	}
-	if !a.delay(r.Context(), d.RetryAfter, limit) {
+	if !a.delay(r.Context(), request.CallerName(r.Context()), d.RetryAfter, limit) {
 		return // the client left
 	}
 	if staleWatch {
@@ -362,19 +363,19 @@ func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	ws.Relay(w, r)
 }
 
-// delay waits min(retryAfter, limit) unless too many rejections are
-// already waiting; it returns false when the client left meanwhile.
-func (a *Admission) delay(ctx context.Context, retryAfter, limit time.Duration) bool {
+// delay waits min(retryAfter, limit) for a rejection of caller unless
+// there is no place to wait in (DelaySlots: too many rejections waiting,
+// or too many of caller's tenant); it returns false when the client left
+// meanwhile.
+func (a *Admission) delay(ctx context.Context, caller string, retryAfter, limit time.Duration) bool {
 	d := min(retryAfter, limit)
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
-	select {
-	case a.DelaySlots <- struct{}{}:
-		defer func() { <-a.DelaySlots }()
-	default:
+	if !a.DelaySlots.take(caller) {
 		return ctx.Err() == nil
 	}
+	defer a.DelaySlots.give(caller)
 	t := a.Clock.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -152,20 +152,20 @@ func TestWarningText(t *testing.T) {
 }
 
 func TestRejectionDelayEndsWhenTheClientLeaves(t *testing.T) {
-	a := &Admission{MaxDelay: time.Hour, DelaySlots: make(chan struct{}, 1), Clock: clock.RealClock{}}
+	a := &Admission{MaxDelay: time.Hour, DelaySlots: NewDelaySlots(1), Clock: clock.RealClock{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if a.delay(ctx, time.Hour, time.Hour) {
+	if a.delay(ctx, "a", time.Hour, time.Hour) {
 		t.Error("delay reported the client present")
 	}
 	if time.Since(start) > time.Second {
 		t.Error("delay outlived the client")
 	}
 	// With every slot taken, rejections are answered at once.
-	a.DelaySlots <- struct{}{}
+	a.DelaySlots.take("b")
 	start = time.Now()
-	if !a.delay(context.Background(), time.Hour, time.Hour) || time.Since(start) > time.Second {
+	if !a.delay(context.Background(), "a", time.Hour, time.Hour) || time.Since(start) > time.Second {
 		t.Error("delay waited without a free slot")
 	}
 }
@@ -187,7 +187,7 @@ func TestAStaleWatchIsHeldForItsBackoff(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			fc := clocktesting.NewFakeClock(time.Now())
-			a := &Admission{MaxDelay: time.Second, MaxStaleDelay: 10 * time.Second, DelaySlots: make(chan struct{}, 1), Clock: fc}
+			a := &Admission{MaxDelay: time.Second, MaxStaleDelay: 10 * time.Second, DelaySlots: NewDelaySlots(1), Clock: fc}
 			rec := httptest.NewRecorder()
 			r := httptest.NewRequest(http.MethodGet, "/api/v1/configmaps?watch=true&resourceVersion=5", nil)
 			d := &ratelimit.Decision{Reason: tc.reason, RetryAfter: 30 * time.Second, Budget: "b"}
