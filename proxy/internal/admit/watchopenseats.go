@@ -73,9 +73,11 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 // It is safe for concurrent use; each acquire and release is one lock and
 // O(1) map work, plus the tenants waiting when one stops waiting.
 type watchOpenSeats struct {
-	seats int
+	seats int // the most in flight (the flag)
 	clock clock.Clock
-	pace  *ratelimit.KeyRate
+	pace  *ratelimit.KeyRate // nil: no pace
+
+	limit *seatLimit // the in flight allowed now; guarded by mu
 
 	mu      sync.Mutex
 	inUse   int                    // guarded by mu
@@ -107,28 +109,42 @@ type seatWaiter struct {
 // NewWatchOpenSeats returns the bound of seats watch opens in flight, or
 // nil (no bound) for 0.
 func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
-	return newPacedSeats(seats, tenantOpensPerSecond, tenantOpenBurst, clk)
+	return newPacedSeats(seats, 0, 0, clk)
 }
 
 // newPacedSeats is NewWatchOpenSeats with each tenant paced at perSecond
-// after burst.
+// after burst (0: not paced).
 func newPacedSeats(seats int, perSecond float64, burst int, clk clock.Clock) *watchOpenSeats {
 	if seats <= 0 {
 		return nil
 	}
-	return &watchOpenSeats{seats: seats, clock: clk, pace: ratelimit.NewKeyRate(perSecond, burst, maxPacedTenants), tenants: map[string]*seatTenant{}}
+	s := &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}}
+	if perSecond > 0 {
+		s.pace = ratelimit.NewKeyRate(perSecond, burst, maxPacedTenants)
+	}
+	return s
+}
+
+// allow reports whether tenant's pace allows an open at now, else how
+// long until it does.
+func (s *watchOpenSeats) allow(now time.Time, tenant string) (time.Duration, bool) {
+	if s.pace == nil {
+		return 0, true
+	}
+	return s.pace.Allow(now, tenant)
 }
 
 // acquire waits for a seat for a watch open of flow f; ok false when it
 // was refused (queue full or waited too long) or the client left (ctx).
-// After ok, call release once the open's response headers are back.
-func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release func(), ok bool) {
+// After ok, call the seat's answered once the open's response headers are
+// back, or its release when the open does not go upstream.
+func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
-	if s.inUse < s.seats && s.waiting == 0 {
-		if _, ok := s.pace.Allow(s.clock.Now(), f.Tenant); ok {
+	if s.inUse < s.limit.seats() && s.waiting == 0 {
+		if _, ok := s.allow(s.clock.Now(), f.Tenant); ok {
 			s.inUse++
 			s.mu.Unlock()
-			return s.releaser(), true
+			return s.seat(), true
 		}
 	}
 	t := s.tenants[f.Tenant]
@@ -156,7 +172,7 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release fun
 	defer timer.Stop()
 	select {
 	case <-w.ready:
-		return s.releaser(), true
+		return s.seat(), true
 	case <-timer.C():
 	case <-ctx.Done():
 	}
@@ -172,18 +188,39 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release fun
 	return nil, false
 }
 
-// releaser returns the release of one seat; calls after the first do
-// nothing.
-func (s *watchOpenSeats) releaser() func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.inUse--
-			s.dispatch()
-		})
-	}
+// openSeat is one seat given to a watch open.
+type openSeat struct {
+	s       *watchOpenSeats
+	granted time.Time
+	once    sync.Once
+}
+
+// seat returns a seat given now.
+func (s *watchOpenSeats) seat() *openSeat {
+	return &openSeat{s: s, granted: s.clock.Now()}
+}
+
+// answered gives the seat back once the API server answered the open:
+// its answer time adapts the limit (seatLimit). Calls after the first
+// answered or release do nothing.
+func (st *openSeat) answered() { st.give(true) }
+
+// release gives the seat back without an answer from the API server (the
+// open did not go upstream, or its answer was already counted).
+func (st *openSeat) release() { st.give(false) }
+
+func (st *openSeat) give(answered bool) {
+	st.once.Do(func() {
+		s := st.s
+		now := s.clock.Now()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if answered {
+			s.limit.observe(now, now.Sub(st.granted))
+		}
+		s.inUse--
+		s.dispatch()
+	})
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by
@@ -193,12 +230,12 @@ func (s *watchOpenSeats) releaser() func() {
 func (s *watchOpenSeats) dispatch() {
 	now := s.clock.Now()
 	passed, soonest := 0, time.Duration(0)
-	for s.inUse < s.seats && s.waiting > 0 && passed < len(s.ring) {
+	for s.inUse < s.limit.seats() && s.waiting > 0 && passed < len(s.ring) {
 		if s.next >= len(s.ring) {
 			s.next = 0
 		}
 		name := s.ring[s.next]
-		if wait, ok := s.pace.Allow(now, name); !ok {
+		if wait, ok := s.allow(now, name); !ok {
 			if passed == 0 || wait < soonest {
 				soonest = wait
 			}
@@ -220,7 +257,7 @@ func (s *watchOpenSeats) dispatch() {
 		s.next++
 		s.remove(name, key, w)
 	}
-	if s.inUse < s.seats && s.waiting > 0 && !s.paced {
+	if s.inUse < s.limit.seats() && s.waiting > 0 && !s.paced {
 		s.paced = true
 		again := func() {
 			s.mu.Lock()
@@ -291,16 +328,16 @@ func (s *watchOpenSeats) Refuse(w http.ResponseWriter, r *http.Request) {
 // are written: the API server has started the watch, or refused it.
 type seatWriter struct {
 	http.ResponseWriter
-	release func()
+	answered func()
 }
 
 func (w seatWriter) WriteHeader(code int) {
-	w.release()
+	w.answered()
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w seatWriter) Write(b []byte) (int, error) {
-	w.release()
+	w.answered()
 	return w.ResponseWriter.Write(b)
 }
 

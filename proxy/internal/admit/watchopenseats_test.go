@@ -52,7 +52,7 @@ func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
 				mu.Lock()
 				order = append(order, name)
 				mu.Unlock()
-				release()
+				release.release()
 			})
 			waitQueued(t, s, before+1)
 		}
@@ -62,7 +62,7 @@ func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
 	enqueue(guard.FlowOf("system:serviceaccount:swarm:b", ""), "swarm-b", 3)
 	enqueue(guard.FlowOf(agent, "ann"), "ann", 2)
 	enqueue(guard.FlowOf(agent, "bob"), "bob", 1)
-	first()
+	first.release()
 	wg.Wait()
 	want := []string{"swarm-a", "ann", "swarm-b", "bob", "swarm-a", "ann", "swarm-b", "swarm-a", "swarm-b"}
 	if len(order) != len(want) {
@@ -122,11 +122,11 @@ func TestWatchOpenSeatsWaitIsBounded(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	hold()
+	hold.release()
 	if again, ok := s.acquire(context.Background(), guard.FlowOf("dave", "")); !ok {
 		t.Error("no seat after every waiter left and the holder released")
 	} else {
-		again()
+		again.release()
 	}
 }
 
