@@ -14,7 +14,7 @@ const (
 	seatLatencyTolerance = 2
 	seatLatencySlack     = 2 * time.Millisecond
 	// seatShrink is the factor a slow round shrinks the limit by.
-	seatShrink = 0.75
+	seatShrink = 0.5
 	// seatFloorWindow: the floor is the fastest answer of the current
 	// and the previous window, so that it follows a lasting change of the
 	// API server (a new version, a new node) within two windows.

@@ -1,0 +1,116 @@
+package admit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/guard"
+)
+
+// rounds feeds l n rounds of answers of took each, one round after the
+// other from *now, and returns the limit after each.
+func rounds(l *seatLimit, now *time.Time, took time.Duration, n int) []int {
+	var after []int
+	for range n {
+		for range l.seats() {
+			*now = now.Add(took)
+			l.observe(*now, took)
+		}
+		after = append(after, l.seats())
+	}
+	return after
+}
+
+// While the API server answers near its floor the limit stays at its
+// most; when answers slow well past the floor it halves each round down
+// to minWatchOpenSeats, and grows back by one a round once they are fast
+// again.
+func TestSeatLimitFollowsAnswerTime(t *testing.T) {
+	now := time.Now()
+	l := newSeatLimit(16)
+	if got := rounds(l, &now, 5*time.Millisecond, 3); got[2] != 16 {
+		t.Fatalf("fast answers: limit %v, want 16", got)
+	}
+	got := rounds(l, &now, 50*time.Millisecond, 5)
+	want := []int{8, 4, 2, 2, 2}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("slow answers: limit after each round %v, want %v", got, want)
+		}
+	}
+	got = rounds(l, &now, 6*time.Millisecond, 3)
+	if got[0] != 3 || got[1] != 4 || got[2] != 5 {
+		t.Fatalf("fast answers again: limit after each round %v, want 3, 4, 5", got)
+	}
+	// A slowdown within the tolerance keeps the limit growing.
+	if got := rounds(l, &now, seatLatencyTolerance*5*time.Millisecond, 1); got[0] != 6 {
+		t.Fatalf("answers at %d× the floor: limit %v, want 6", seatLatencyTolerance, got)
+	}
+}
+
+// The floor is the fastest answer of the last two windows: once the API
+// server answers slower for good (two windows), that is its new floor and
+// the limit grows back.
+func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
+	now := time.Now()
+	l := newSeatLimit(8)
+	rounds(l, &now, time.Millisecond, 1)
+	slow := 100 * time.Millisecond
+	if got := rounds(l, &now, slow, 3); got[2] != minWatchOpenSeats {
+		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
+	}
+	for end := now.Add(2 * seatFloorWindow); now.Before(end); {
+		rounds(l, &now, slow, 1)
+	}
+	if got := rounds(l, &now, slow, 2); got[1] <= minWatchOpenSeats {
+		t.Fatalf("after two windows of answers at %v: limit %v, want it growing", slow, got)
+	}
+}
+
+// Slow answers shrink the seats watch opens take: with fewer in flight
+// than the flag allows, a further open waits its turn.
+func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	s := NewWatchOpenSeats(4, clk)
+	alice := guard.FlowOf("alice", "")
+	open := func() *openSeat {
+		t.Helper()
+		st, ok := s.acquire(context.Background(), alice)
+		if !ok {
+			t.Fatal("an open refused with a seat free")
+		}
+		return st
+	}
+	// A fast round sets the floor.
+	for range 4 {
+		st := open()
+		clk.Step(time.Millisecond)
+		st.answered()
+	}
+	held := []*openSeat{open(), open(), open(), open()}
+	clk.Step(time.Second)
+	for _, st := range held {
+		st.answered()
+	}
+	if got := s.limit.seats(); got != 2 {
+		t.Fatalf("after a slow round the limit is %d, want 2", got)
+	}
+	a, b := open(), open()
+	got := make(chan bool)
+	go func() {
+		_, ok := s.acquire(context.Background(), alice)
+		got <- ok
+	}()
+	waitQueued(t, s, 1)
+	a.release() // not answered: the open did not go upstream
+	if !<-got {
+		t.Fatal("the waiting open was refused when a seat came back")
+	}
+	b.release()
+	if got := s.limit.seats(); got != 2 {
+		t.Fatalf("seats released without an answer changed the limit to %d", got)
+	}
+}
