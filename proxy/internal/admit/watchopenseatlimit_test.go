@@ -30,24 +30,25 @@ func rounds(l *seatLimit, now *time.Time, took time.Duration, n int) []int {
 // again.
 func TestSeatLimitFollowsAnswerTime(t *testing.T) {
 	now := time.Now()
-	l := newSeatLimit(16)
-	if got := rounds(l, &now, 5*time.Millisecond, 3); got[2] != 16 {
-		t.Fatalf("fast answers: limit %v, want 16", got)
+	most := 4 * minWatchOpenSeats
+	l := newSeatLimit(most)
+	if got := rounds(l, &now, 5*time.Millisecond, 3); got[2] != most {
+		t.Fatalf("fast answers: limit %v, want %d", got, most)
 	}
-	got := rounds(l, &now, 50*time.Millisecond, 5)
-	want := []int{8, 4, 2, 2, 2}
+	got := rounds(l, &now, 50*time.Millisecond, 4)
+	want := []int{2 * minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("slow answers: limit after each round %v, want %v", got, want)
 		}
 	}
-	got = rounds(l, &now, 6*time.Millisecond, 3)
-	if got[0] != 3 || got[1] != 4 || got[2] != 5 {
-		t.Fatalf("fast answers again: limit after each round %v, want 3, 4, 5", got)
+	got = rounds(l, &now, 6*time.Millisecond, 2)
+	if got[0] != minWatchOpenSeats+1 || got[1] != minWatchOpenSeats+2 {
+		t.Fatalf("fast answers again: limit after each round %v, want %d, %d", got, minWatchOpenSeats+1, minWatchOpenSeats+2)
 	}
 	// A slowdown within the tolerance keeps the limit growing.
-	if got := rounds(l, &now, seatLatencyTolerance*5*time.Millisecond, 1); got[0] != 6 {
-		t.Fatalf("answers at %d× the floor: limit %v, want 6", seatLatencyTolerance, got)
+	if got := rounds(l, &now, seatLatencyTolerance*5*time.Millisecond, 1); got[0] != minWatchOpenSeats+3 {
+		t.Fatalf("answers at %d× the floor: limit %v, want %d", seatLatencyTolerance, got, minWatchOpenSeats+3)
 	}
 }
 
@@ -56,7 +57,7 @@ func TestSeatLimitFollowsAnswerTime(t *testing.T) {
 // the limit grows back.
 func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
 	now := time.Now()
-	l := newSeatLimit(8)
+	l := newSeatLimit(2 * minWatchOpenSeats)
 	rounds(l, &now, time.Millisecond, 1)
 	slow := 100 * time.Millisecond
 	if got := rounds(l, &now, slow, 3); got[2] != minWatchOpenSeats {
@@ -74,7 +75,7 @@ func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
 // than the flag allows, a further open waits its turn.
 func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	s := NewWatchOpenSeats(4, clk)
+	s := NewWatchOpenSeats(2*minWatchOpenSeats, clk)
 	alice := guard.FlowOf("alice", "")
 	open := func() *openSeat {
 		t.Helper()
@@ -85,32 +86,39 @@ func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 		return st
 	}
 	// A fast round sets the floor.
-	for range 4 {
+	for range 2 * minWatchOpenSeats {
 		st := open()
 		clk.Step(time.Millisecond)
 		st.answered()
 	}
-	held := []*openSeat{open(), open(), open(), open()}
+	var held []*openSeat
+	for range 2 * minWatchOpenSeats {
+		held = append(held, open())
+	}
 	clk.Step(time.Second)
 	for _, st := range held {
 		st.answered()
 	}
-	if got := s.limit.seats(); got != 2 {
-		t.Fatalf("after a slow round the limit is %d, want 2", got)
+	if got := s.limit.seats(); got != minWatchOpenSeats {
+		t.Fatalf("after a slow round the limit is %d, want %d", got, minWatchOpenSeats)
 	}
-	a, b := open(), open()
+	held = held[:0]
+	for range minWatchOpenSeats {
+		held = append(held, open())
+	}
 	got := make(chan bool)
 	go func() {
 		_, ok := s.acquire(context.Background(), alice)
 		got <- ok
 	}()
 	waitQueued(t, s, 1)
-	a.release() // not answered: the open did not go upstream
+	for _, st := range held {
+		st.release() // not answered: the opens did not go upstream
+	}
 	if !<-got {
 		t.Fatal("the waiting open was refused when a seat came back")
 	}
-	b.release()
-	if got := s.limit.seats(); got != 2 {
+	if got := s.limit.seats(); got != minWatchOpenSeats {
 		t.Fatalf("seats released without an answer changed the limit to %d", got)
 	}
 }

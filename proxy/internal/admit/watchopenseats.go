@@ -13,17 +13,17 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
-	"github.com/watchgate/watchgate/ratelimit"
 )
 
 const (
 	// DefaultMaxWatchOpensInFlight is the default of
-	// --max-watch-opens-in-flight: room for an agent's restart (a watch
-	// open waits for the API server's response headers, a few
-	// milliseconds on a healthy one, so 64 seats open thousands a second),
-	// while one replica never asks an API server to start more watches
-	// at once than a small share of its own concurrency (kube-apiserver's
-	// --max-requests-inflight is 400).
+	// --max-watch-opens-in-flight, the most seats: room for an agent's
+	// restart (a watch open waits for the API server's response headers,
+	// a few milliseconds on a healthy one, so 64 seats open thousands a
+	// second), while one replica never asks an API server to start more
+	// watches at once than a small share of its own concurrency
+	// (kube-apiserver's --max-requests-inflight is 400). Fewer are in use
+	// while the API server answers slowly (seatLimit).
 	DefaultMaxWatchOpensInFlight = 64
 	// maxWaitingPerTenant and maxWaiting bound the watch opens waiting for
 	// a seat, per tenant and in all; beyond either a watch open gets 429
@@ -37,17 +37,6 @@ const (
 	// seatRetryAfterSeconds is the Retry-After of a watch open refused a
 	// seat.
 	seatRetryAfterSeconds = 1
-	// tenantOpensPerSecond and tenantOpenBurst pace each tenant's watch
-	// opens: a free seat goes to a tenant only while its bucket holds a
-	// token, else the open waits (it is not refused). An API server without
-	// its watch cache answers each open with an etcd list, and one tenant
-	// keeping every seat busy would take its CPU from everyone; at this
-	// pace an agent's restart of 10,000 watches takes under a minute.
-	tenantOpensPerSecond = 200
-	tenantOpenBurst      = 500
-	// maxPacedTenants caps the tenants whose pace is tracked (see
-	// ratelimit.KeyRate); those beyond share one bucket.
-	maxPacedTenants = 16384
 )
 
 // GuardWatchOpenQueue: the watch open waited maxSeatWait for a seat among
@@ -62,11 +51,11 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 // tenant to its next flow (caller and impersonated user), round robin;
 // each flow's opens in the order they came. So however many watches one
 // tenant opens at once, another tenant's open waits for at most one of its
-// in each round, and the users behind one agent take turns too. Each
-// tenant is also paced (tenantOpensPerSecond after tenantOpenBurst): its
-// turn passes while its bucket is empty, and a timer gives the seat when
-// it refills. A waiting
-// open holds nothing shared (no guard place, no seat), only its request;
+// in each round, and the users behind one agent take turns too. How many
+// are in flight at once follows how fast the API server answers them
+// (seatLimit), at most seats: when one tenant's opens saturate the API
+// server the limit falls, and every tenant gets its turn at the smaller
+// number. A waiting open holds nothing shared (no guard place, no seat), only its request;
 // it waits at most maxSeatWait, and at most maxWaitingPerTenant wait per
 // tenant, maxWaiting in all; beyond, 429 with Retry-After.
 //
@@ -75,7 +64,6 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 type watchOpenSeats struct {
 	seats int // the most in flight (the flag)
 	clock clock.Clock
-	pace  *ratelimit.KeyRate // nil: no pace
 
 	limit *seatLimit // the in flight allowed now; guarded by mu
 
@@ -85,7 +73,6 @@ type watchOpenSeats struct {
 	tenants map[string]*seatTenant // tenants with opens waiting; guarded by mu
 	ring    []string               // those tenants, in turn order; guarded by mu
 	next    int                    // the index in ring whose turn is next; guarded by mu
-	paced   bool                   // a timer will dispatch when a bucket refills; guarded by mu
 }
 
 // seatTenant is one tenant's waiting opens, per flow.
@@ -106,32 +93,13 @@ type seatWaiter struct {
 	granted bool // guarded by watchOpenSeats.mu
 }
 
-// NewWatchOpenSeats returns the bound of seats watch opens in flight, or
-// nil (no bound) for 0.
+// NewWatchOpenSeats returns the bound of at most seats watch opens in
+// flight, or nil (no bound) for 0.
 func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
-	return newPacedSeats(seats, 0, 0, clk)
-}
-
-// newPacedSeats is NewWatchOpenSeats with each tenant paced at perSecond
-// after burst (0: not paced).
-func newPacedSeats(seats int, perSecond float64, burst int, clk clock.Clock) *watchOpenSeats {
 	if seats <= 0 {
 		return nil
 	}
-	s := &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}}
-	if perSecond > 0 {
-		s.pace = ratelimit.NewKeyRate(perSecond, burst, maxPacedTenants)
-	}
-	return s
-}
-
-// allow reports whether tenant's pace allows an open at now, else how
-// long until it does.
-func (s *watchOpenSeats) allow(now time.Time, tenant string) (time.Duration, bool) {
-	if s.pace == nil {
-		return 0, true
-	}
-	return s.pace.Allow(now, tenant)
+	return &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}}
 }
 
 // acquire waits for a seat for a watch open of flow f; ok false when it
@@ -141,11 +109,9 @@ func (s *watchOpenSeats) allow(now time.Time, tenant string) (time.Duration, boo
 func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
 	if s.inUse < s.limit.seats() && s.waiting == 0 {
-		if _, ok := s.allow(s.clock.Now(), f.Tenant); ok {
-			s.inUse++
-			s.mu.Unlock()
-			return s.seat(), true
-		}
+		s.inUse++
+		s.mu.Unlock()
+		return s.seat(), true
 	}
 	t := s.tenants[f.Tenant]
 	if s.waiting >= maxWaiting || t != nil && t.waiting >= maxWaitingPerTenant {
@@ -224,26 +190,13 @@ func (st *openSeat) give(answered bool) {
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by
-// flow, passing over the tenants whose pace allows no open now; when every
-// waiting tenant is passed over, a timer dispatches again once the first
-// of them may open. Needs mu.
+// flow. Needs mu.
 func (s *watchOpenSeats) dispatch() {
-	now := s.clock.Now()
-	passed, soonest := 0, time.Duration(0)
-	for s.inUse < s.limit.seats() && s.waiting > 0 && passed < len(s.ring) {
+	for s.inUse < s.limit.seats() && s.waiting > 0 {
 		if s.next >= len(s.ring) {
 			s.next = 0
 		}
 		name := s.ring[s.next]
-		if wait, ok := s.allow(now, name); !ok {
-			if passed == 0 || wait < soonest {
-				soonest = wait
-			}
-			passed++
-			s.next++
-			continue
-		}
-		passed = 0
 		t := s.tenants[name]
 		if t.next >= len(t.ring) {
 			t.next = 0
@@ -256,22 +209,6 @@ func (s *watchOpenSeats) dispatch() {
 		t.next++
 		s.next++
 		s.remove(name, key, w)
-	}
-	if s.inUse < s.limit.seats() && s.waiting > 0 && !s.paced {
-		s.paced = true
-		again := func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.paced = false
-			s.dispatch()
-		}
-		if d, ok := s.clock.(clock.WithDelayedExecution); ok {
-			// On its own goroutine: a fake clock calls it holding its lock,
-			// which dispatch's Now takes again.
-			d.AfterFunc(soonest, func() { go again() })
-		} else {
-			time.AfterFunc(soonest, again)
-		}
 	}
 }
 
