@@ -119,9 +119,9 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
 			flow := flowOf(r, caller, id)
-			seat := func() {}
+			seat, answered := func() {}, func() {}
 			if a.Seats != nil {
-				release, ok := a.Seats.acquire(r.Context(), flow)
+				st, ok := a.Seats.acquire(r.Context(), flow)
 				if !ok {
 					a.notForwarded(&d, lead)
 					if r.Context().Err() == nil {
@@ -130,8 +130,8 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 					}
 					return
 				}
-				seat = release
-				defer release()
+				seat, answered = st.release, st.answered
+				defer st.release()
 			}
 			if a.Guard != nil {
 				reason, mem := a.Guard.AdmitFlow(a.Guard.Clock.Now(), flow)
@@ -161,7 +161,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
-			a.serveWatch(w, r, c, &d, start, lead, release, seat, next)
+			a.serveWatch(w, r, c, &d, start, lead, release, answered, next)
 		case c.Verb == ratelimit.VerbList && a.Guard != nil:
 			a.serveList(w, r, c, caller, next)
 		default:
@@ -342,7 +342,7 @@ func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 	activeWatches.Inc()
 	upstreamWatchOpens.Inc()
 	st.Watch = ws
-	next.ServeHTTP(relay.NewWatchHeaders(seatWriter{ResponseWriter: w, release: seat}), r.WithContext(ctx))
+	next.ServeHTTP(relay.NewWatchHeaders(seatWriter{ResponseWriter: w, answered: seat}), r.WithContext(ctx))
 	seat()
 	if !ws.Streaming() {
 		return

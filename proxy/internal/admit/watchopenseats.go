@@ -13,17 +13,17 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
-	"github.com/watchgate/watchgate/ratelimit"
 )
 
 const (
 	// DefaultMaxWatchOpensInFlight is the default of
-	// --max-watch-opens-in-flight: room for an agent's restart (a watch
-	// open waits for the API server's response headers, a few
-	// milliseconds on a healthy one, so 64 seats open thousands a second),
-	// while one replica never asks an API server to start more watches
-	// at once than a small share of its own concurrency (kube-apiserver's
-	// --max-requests-inflight is 400).
+	// --max-watch-opens-in-flight, the most seats: room for an agent's
+	// restart (a watch open waits for the API server's response headers,
+	// a few milliseconds on a healthy one, so 64 seats open thousands a
+	// second), while one replica never asks an API server to start more
+	// watches at once than a small share of its own concurrency
+	// (kube-apiserver's --max-requests-inflight is 400). Fewer are in use
+	// while the API server answers slowly (seatLimit).
 	DefaultMaxWatchOpensInFlight = 64
 	// maxWaitingPerTenant and maxWaiting bound the watch opens waiting for
 	// a seat, per tenant and in all; beyond either a watch open gets 429
@@ -37,17 +37,6 @@ const (
 	// seatRetryAfterSeconds is the Retry-After of a watch open refused a
 	// seat.
 	seatRetryAfterSeconds = 1
-	// tenantOpensPerSecond and tenantOpenBurst pace each tenant's watch
-	// opens: a free seat goes to a tenant only while its bucket holds a
-	// token, else the open waits (it is not refused). An API server without
-	// its watch cache answers each open with an etcd list, and one tenant
-	// keeping every seat busy would take its CPU from everyone; at this
-	// pace an agent's restart of 10,000 watches takes under a minute.
-	tenantOpensPerSecond = 200
-	tenantOpenBurst      = 500
-	// maxPacedTenants caps the tenants whose pace is tracked (see
-	// ratelimit.KeyRate); those beyond share one bucket.
-	maxPacedTenants = 16384
 )
 
 // GuardWatchOpenQueue: the watch open waited maxSeatWait for a seat among
@@ -62,20 +51,21 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 // tenant to its next flow (caller and impersonated user), round robin;
 // each flow's opens in the order they came. So however many watches one
 // tenant opens at once, another tenant's open waits for at most one of its
-// in each round, and the users behind one agent take turns too. Each
-// tenant is also paced (tenantOpensPerSecond after tenantOpenBurst): its
-// turn passes while its bucket is empty, and a timer gives the seat when
-// it refills. A waiting
-// open holds nothing shared (no guard place, no seat), only its request;
+// in each round, and the users behind one agent take turns too. How many
+// are in flight at once follows how fast the API server answers them
+// (seatLimit), at most seats: when one tenant's opens saturate the API
+// server the limit falls, and every tenant gets its turn at the smaller
+// number. A waiting open holds nothing shared (no guard place, no seat), only its request;
 // it waits at most maxSeatWait, and at most maxWaitingPerTenant wait per
 // tenant, maxWaiting in all; beyond, 429 with Retry-After.
 //
 // It is safe for concurrent use; each acquire and release is one lock and
 // O(1) map work, plus the tenants waiting when one stops waiting.
 type watchOpenSeats struct {
-	seats int
+	seats int // the most in flight (the flag)
 	clock clock.Clock
-	pace  *ratelimit.KeyRate
+
+	limit *seatLimit // the in flight allowed now; guarded by mu
 
 	mu      sync.Mutex
 	inUse   int                    // guarded by mu
@@ -83,7 +73,6 @@ type watchOpenSeats struct {
 	tenants map[string]*seatTenant // tenants with opens waiting; guarded by mu
 	ring    []string               // those tenants, in turn order; guarded by mu
 	next    int                    // the index in ring whose turn is next; guarded by mu
-	paced   bool                   // a timer will dispatch when a bucket refills; guarded by mu
 }
 
 // seatTenant is one tenant's waiting opens, per flow.
@@ -104,32 +93,25 @@ type seatWaiter struct {
 	granted bool // guarded by watchOpenSeats.mu
 }
 
-// NewWatchOpenSeats returns the bound of seats watch opens in flight, or
-// nil (no bound) for 0.
+// NewWatchOpenSeats returns the bound of at most seats watch opens in
+// flight, or nil (no bound) for 0.
 func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
-	return newPacedSeats(seats, tenantOpensPerSecond, tenantOpenBurst, clk)
-}
-
-// newPacedSeats is NewWatchOpenSeats with each tenant paced at perSecond
-// after burst.
-func newPacedSeats(seats int, perSecond float64, burst int, clk clock.Clock) *watchOpenSeats {
 	if seats <= 0 {
 		return nil
 	}
-	return &watchOpenSeats{seats: seats, clock: clk, pace: ratelimit.NewKeyRate(perSecond, burst, maxPacedTenants), tenants: map[string]*seatTenant{}}
+	return &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}}
 }
 
 // acquire waits for a seat for a watch open of flow f; ok false when it
 // was refused (queue full or waited too long) or the client left (ctx).
-// After ok, call release once the open's response headers are back.
-func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release func(), ok bool) {
+// After ok, call the seat's answered once the open's response headers are
+// back, or its release when the open does not go upstream.
+func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
-	if s.inUse < s.seats && s.waiting == 0 {
-		if _, ok := s.pace.Allow(s.clock.Now(), f.Tenant); ok {
-			s.inUse++
-			s.mu.Unlock()
-			return s.releaser(), true
-		}
+	if s.inUse < s.limit.seats() && s.waiting == 0 {
+		s.inUse++
+		s.mu.Unlock()
+		return s.seat(), true
 	}
 	t := s.tenants[f.Tenant]
 	if s.waiting >= maxWaiting || t != nil && t.waiting >= maxWaitingPerTenant {
@@ -156,7 +138,7 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release fun
 	defer timer.Stop()
 	select {
 	case <-w.ready:
-		return s.releaser(), true
+		return s.seat(), true
 	case <-timer.C():
 	case <-ctx.Done():
 	}
@@ -172,41 +154,49 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (release fun
 	return nil, false
 }
 
-// releaser returns the release of one seat; calls after the first do
-// nothing.
-func (s *watchOpenSeats) releaser() func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.inUse--
-			s.dispatch()
-		})
-	}
+// openSeat is one seat given to a watch open.
+type openSeat struct {
+	s       *watchOpenSeats
+	granted time.Time
+	once    sync.Once
+}
+
+// seat returns a seat given now.
+func (s *watchOpenSeats) seat() *openSeat {
+	return &openSeat{s: s, granted: s.clock.Now()}
+}
+
+// answered gives the seat back once the API server answered the open:
+// its answer time adapts the limit (seatLimit). Calls after the first
+// answered or release do nothing.
+func (st *openSeat) answered() { st.give(true) }
+
+// release gives the seat back without an answer from the API server (the
+// open did not go upstream, or its answer was already counted).
+func (st *openSeat) release() { st.give(false) }
+
+func (st *openSeat) give(answered bool) {
+	st.once.Do(func() {
+		s := st.s
+		now := s.clock.Now()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if answered {
+			s.limit.observe(now, now.Sub(st.granted))
+		}
+		s.inUse--
+		s.dispatch()
+	})
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by
-// flow, passing over the tenants whose pace allows no open now; when every
-// waiting tenant is passed over, a timer dispatches again once the first
-// of them may open. Needs mu.
+// flow. Needs mu.
 func (s *watchOpenSeats) dispatch() {
-	now := s.clock.Now()
-	passed, soonest := 0, time.Duration(0)
-	for s.inUse < s.seats && s.waiting > 0 && passed < len(s.ring) {
+	for s.inUse < s.limit.seats() && s.waiting > 0 {
 		if s.next >= len(s.ring) {
 			s.next = 0
 		}
 		name := s.ring[s.next]
-		if wait, ok := s.pace.Allow(now, name); !ok {
-			if passed == 0 || wait < soonest {
-				soonest = wait
-			}
-			passed++
-			s.next++
-			continue
-		}
-		passed = 0
 		t := s.tenants[name]
 		if t.next >= len(t.ring) {
 			t.next = 0
@@ -219,22 +209,6 @@ func (s *watchOpenSeats) dispatch() {
 		t.next++
 		s.next++
 		s.remove(name, key, w)
-	}
-	if s.inUse < s.seats && s.waiting > 0 && !s.paced {
-		s.paced = true
-		again := func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.paced = false
-			s.dispatch()
-		}
-		if d, ok := s.clock.(clock.WithDelayedExecution); ok {
-			// On its own goroutine: a fake clock calls it holding its lock,
-			// which dispatch's Now takes again.
-			d.AfterFunc(soonest, func() { go again() })
-		} else {
-			time.AfterFunc(soonest, again)
-		}
 	}
 }
 
@@ -291,16 +265,16 @@ func (s *watchOpenSeats) Refuse(w http.ResponseWriter, r *http.Request) {
 // are written: the API server has started the watch, or refused it.
 type seatWriter struct {
 	http.ResponseWriter
-	release func()
+	answered func()
 }
 
 func (w seatWriter) WriteHeader(code int) {
-	w.release()
+	w.answered()
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w seatWriter) Write(b []byte) (int, error) {
-	w.release()
+	w.answered()
 	return w.ResponseWriter.Write(b)
 }
 

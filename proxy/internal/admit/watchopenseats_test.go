@@ -52,7 +52,7 @@ func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
 				mu.Lock()
 				order = append(order, name)
 				mu.Unlock()
-				release()
+				release.release()
 			})
 			waitQueued(t, s, before+1)
 		}
@@ -62,7 +62,7 @@ func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
 	enqueue(guard.FlowOf("system:serviceaccount:swarm:b", ""), "swarm-b", 3)
 	enqueue(guard.FlowOf(agent, "ann"), "ann", 2)
 	enqueue(guard.FlowOf(agent, "bob"), "bob", 1)
-	first()
+	first.release()
 	wg.Wait()
 	want := []string{"swarm-a", "ann", "swarm-b", "bob", "swarm-a", "ann", "swarm-b", "swarm-a", "swarm-b"}
 	if len(order) != len(want) {
@@ -122,42 +122,10 @@ func TestWatchOpenSeatsWaitIsBounded(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	hold()
+	hold.release()
 	if again, ok := s.acquire(context.Background(), guard.FlowOf("dave", "")); !ok {
 		t.Error("no seat after every waiter left and the holder released")
 	} else {
-		again()
-	}
-}
-
-// A tenant whose pace allows no open waits, without being refused, until
-// its bucket refills, while another tenant's open takes a free seat at
-// once.
-func TestWatchOpenSeatsPaceEachTenant(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Now())
-	s := newPacedSeats(10, 1, 2, clk) // one open a second after two
-	swarm := guard.FlowOf("system:serviceaccount:swarm:a", "")
-	for i := range 2 {
-		if _, ok := s.acquire(context.Background(), swarm); !ok {
-			t.Fatalf("open %d of the burst refused", i+1)
-		}
-	}
-	got := make(chan bool)
-	go func() {
-		_, ok := s.acquire(context.Background(), swarm)
-		got <- ok
-	}()
-	waitQueued(t, s, 1)
-	if _, ok := s.acquire(context.Background(), guard.FlowOf("alice", "")); !ok {
-		t.Fatal("another tenant's open waited behind a paced one")
-	}
-	select {
-	case <-got:
-		t.Fatal("the paced open went before its bucket refilled")
-	default:
-	}
-	clk.Step(time.Second)
-	if !<-got {
-		t.Fatal("the paced open was refused after its bucket refilled")
+		again.release()
 	}
 }

@@ -1,0 +1,78 @@
+package admit
+
+import (
+	"time"
+)
+
+const (
+	// minWatchOpenSeats is the fewest seats the adaptive limit keeps: room
+	// for two tenants' opens at once however slow the API server answers.
+	minWatchOpenSeats = 2
+	// seatLatencyTolerance and seatLatencySlack: a round of opens whose
+	// mean answer time is over tolerance × the floor + slack shrinks the
+	// limit; any other round grows it.
+	seatLatencyTolerance = 2
+	seatLatencySlack     = 2 * time.Millisecond
+	// seatShrink is the factor a slow round shrinks the limit by.
+	seatShrink = 0.5
+	// seatFloorWindow: the floor is the fastest answer of the current
+	// and the previous window, so that it follows a lasting change of the
+	// API server (a new version, a new node) within two windows.
+	seatFloorWindow = 30 * time.Second
+)
+
+// seatLimit is how many watch opens may be in flight upstream, adapted to
+// how fast the API server answers them, as TCP Vegas adapts a window: the
+// answer time (seat given → response headers back) of an API server with
+// spare capacity stays near its floor, and rises as its queues grow. After
+// each round (as many answers as the limit), the limit shrinks by
+// seatShrink when the round's mean was over seatLatencyTolerance × the
+// floor + seatLatencySlack, and grows by one otherwise, between
+// minWatchOpenSeats and max. So when another caller's opens saturate the
+// API server the opens in flight fall, and the fair queue in front of them
+// gives every tenant its turn at the smaller number.
+//
+// Not safe for concurrent use: watchOpenSeats.mu guards it.
+type seatLimit struct {
+	max   int
+	limit float64
+
+	floor, prevFloor time.Duration // fastest answer this window and the previous; 0: none
+	windowStart      time.Time
+
+	roundSum time.Duration
+	roundN   int
+}
+
+func newSeatLimit(max int) *seatLimit {
+	return &seatLimit{max: max, limit: float64(max)}
+}
+
+// seats is the current limit.
+func (l *seatLimit) seats() int { return int(l.limit) }
+
+// observe takes one open's answer time took, seen at now.
+func (l *seatLimit) observe(now time.Time, took time.Duration) {
+	if l.windowStart.IsZero() || now.Sub(l.windowStart) >= seatFloorWindow {
+		l.prevFloor, l.floor, l.windowStart = l.floor, 0, now
+	}
+	if l.floor == 0 || took < l.floor {
+		l.floor = took
+	}
+	l.roundSum += took
+	l.roundN++
+	if l.roundN < l.seats() {
+		return
+	}
+	floor := l.floor
+	if l.prevFloor != 0 && l.prevFloor < floor {
+		floor = l.prevFloor
+	}
+	mean := l.roundSum / time.Duration(l.roundN)
+	l.roundSum, l.roundN = 0, 0
+	if mean > seatLatencyTolerance*floor+seatLatencySlack {
+		l.limit = max(float64(min(minWatchOpenSeats, l.max)), l.limit*seatShrink)
+		return
+	}
+	l.limit = min(float64(l.max), l.limit+1)
+}

@@ -1,0 +1,124 @@
+package admit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/watchgate/watchgate/proxy/internal/guard"
+)
+
+// rounds feeds l n rounds of answers of took each, one round after the
+// other from *now, and returns the limit after each.
+func rounds(l *seatLimit, now *time.Time, took time.Duration, n int) []int {
+	var after []int
+	for range n {
+		for range l.seats() {
+			*now = now.Add(took)
+			l.observe(*now, took)
+		}
+		after = append(after, l.seats())
+	}
+	return after
+}
+
+// While the API server answers near its floor the limit stays at its
+// most; when answers slow well past the floor it halves each round down
+// to minWatchOpenSeats, and grows back by one a round once they are fast
+// again.
+func TestSeatLimitFollowsAnswerTime(t *testing.T) {
+	now := time.Now()
+	most := 4 * minWatchOpenSeats
+	l := newSeatLimit(most)
+	if got := rounds(l, &now, 5*time.Millisecond, 3); got[2] != most {
+		t.Fatalf("fast answers: limit %v, want %d", got, most)
+	}
+	got := rounds(l, &now, 50*time.Millisecond, 4)
+	want := []int{2 * minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("slow answers: limit after each round %v, want %v", got, want)
+		}
+	}
+	got = rounds(l, &now, 6*time.Millisecond, 2)
+	if got[0] != minWatchOpenSeats+1 || got[1] != minWatchOpenSeats+2 {
+		t.Fatalf("fast answers again: limit after each round %v, want %d, %d", got, minWatchOpenSeats+1, minWatchOpenSeats+2)
+	}
+	// A slowdown within the tolerance keeps the limit growing.
+	if got := rounds(l, &now, seatLatencyTolerance*5*time.Millisecond, 1); got[0] != minWatchOpenSeats+3 {
+		t.Fatalf("answers at %d× the floor: limit %v, want %d", seatLatencyTolerance, got, minWatchOpenSeats+3)
+	}
+}
+
+// The floor is the fastest answer of the last two windows: once the API
+// server answers slower for good (two windows), that is its new floor and
+// the limit grows back.
+func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
+	now := time.Now()
+	l := newSeatLimit(2 * minWatchOpenSeats)
+	rounds(l, &now, time.Millisecond, 1)
+	slow := 100 * time.Millisecond
+	if got := rounds(l, &now, slow, 3); got[2] != minWatchOpenSeats {
+		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
+	}
+	for end := now.Add(2 * seatFloorWindow); now.Before(end); {
+		rounds(l, &now, slow, 1)
+	}
+	if got := rounds(l, &now, slow, 2); got[1] <= minWatchOpenSeats {
+		t.Fatalf("after two windows of answers at %v: limit %v, want it growing", slow, got)
+	}
+}
+
+// Slow answers shrink the seats watch opens take: with fewer in flight
+// than the flag allows, a further open waits its turn.
+func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	s := NewWatchOpenSeats(2*minWatchOpenSeats, clk)
+	alice := guard.FlowOf("alice", "")
+	open := func() *openSeat {
+		t.Helper()
+		st, ok := s.acquire(context.Background(), alice)
+		if !ok {
+			t.Fatal("an open refused with a seat free")
+		}
+		return st
+	}
+	// A fast round sets the floor.
+	for range 2 * minWatchOpenSeats {
+		st := open()
+		clk.Step(time.Millisecond)
+		st.answered()
+	}
+	var held []*openSeat
+	for range 2 * minWatchOpenSeats {
+		held = append(held, open())
+	}
+	clk.Step(time.Second)
+	for _, st := range held {
+		st.answered()
+	}
+	if got := s.limit.seats(); got != minWatchOpenSeats {
+		t.Fatalf("after a slow round the limit is %d, want %d", got, minWatchOpenSeats)
+	}
+	held = held[:0]
+	for range minWatchOpenSeats {
+		held = append(held, open())
+	}
+	got := make(chan bool)
+	go func() {
+		_, ok := s.acquire(context.Background(), alice)
+		got <- ok
+	}()
+	waitQueued(t, s, 1)
+	for _, st := range held {
+		st.release() // not answered: the opens did not go upstream
+	}
+	if !<-got {
+		t.Fatal("the waiting open was refused when a seat came back")
+	}
+	if got := s.limit.seats(); got != minWatchOpenSeats {
+		t.Fatalf("seats released without an answer changed the limit to %d", got)
+	}
+}
