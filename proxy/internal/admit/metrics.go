@@ -25,6 +25,11 @@ var (
 		Help: "Watch requests forwarded to the API server.",
 	})
 
+	watchOpenSeatsLimit = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "watchgate_proxy_watch_open_seats",
+		Help: "Watch opens this replica lets be in flight upstream now: --max-watch-opens-in-flight, halved while the API server answers opens slowly and grown back by one per round.",
+	})
+
 	decisionSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "watchgate_proxy_decision_duration_seconds",
 		Help:    "Time the engine took to decide a watch or list, by verb (watch, list).",
@@ -34,5 +39,5 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(requestsTotal, activeWatches, upstreamWatchOpens,
-		decisionSeconds)
+		watchOpenSeatsLimit, decisionSeconds)
 }

@@ -45,6 +45,7 @@ type seatLimit struct {
 }
 
 func newSeatLimit(max int) *seatLimit {
+	watchOpenSeatsLimit.Set(float64(max))
 	return &seatLimit{max: max, limit: float64(max)}
 }
 
@@ -72,7 +73,8 @@ func (l *seatLimit) observe(now time.Time, took time.Duration) {
 	l.roundSum, l.roundN = 0, 0
 	if mean > seatLatencyTolerance*floor+seatLatencySlack {
 		l.limit = max(float64(min(minWatchOpenSeats, l.max)), l.limit*seatShrink)
-		return
+	} else {
+		l.limit = min(float64(l.max), l.limit+1)
 	}
-	l.limit = min(float64(l.max), l.limit+1)
+	watchOpenSeatsLimit.Set(float64(l.seats()))
 }

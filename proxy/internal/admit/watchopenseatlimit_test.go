@@ -8,6 +8,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/watchgate/watchgate/proxy/internal/guard"
+	"github.com/watchgate/watchgate/proxy/internal/metricstest"
 )
 
 // rounds feeds l n rounds of answers of took each, one round after the
@@ -49,6 +50,9 @@ func TestSeatLimitFollowsAnswerTime(t *testing.T) {
 	// A slowdown within the tolerance keeps the limit growing.
 	if got := rounds(l, &now, seatLatencyTolerance*5*time.Millisecond, 1); got[0] != minWatchOpenSeats+3 {
 		t.Fatalf("answers at %d× the floor: limit %v, want %d", seatLatencyTolerance, got, minWatchOpenSeats+3)
+	}
+	if got := metricstest.GaugeValue(t, watchOpenSeatsLimit); got != float64(minWatchOpenSeats+3) {
+		t.Errorf("watchgate_proxy_watch_open_seats = %v, want the limit %d", got, minWatchOpenSeats+3)
 	}
 }
 

@@ -15,3 +15,12 @@ func CounterValue(tb testing.TB, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// GaugeValue is g's current value.
+func GaugeValue(tb testing.TB, g prometheus.Gauge) float64 {
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		tb.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
