@@ -20,8 +20,9 @@ import (
 // The replica's own guard in front of the real API server: at --max-watches
 // a new watch gets 429 with Retry-After and open watches go on; above the
 // memory high-water mark (memory read through the test seam) a new watch
-// or list of the caller holding the most gets 503 with Retry-After while
-// another caller's list still passes; both lift by themselves.
+// or list of the tenant holding the most (a namespace's service accounts
+// together) gets 503 with Retry-After while another tenant's list still
+// passes; both lift by themselves.
 // The real runtime reading against a real GOMEMLIMIT is `make load`.
 func TestWatchGuardThroughTheProxy(t *testing.T) {
 	ctx := context.Background()
@@ -102,13 +103,31 @@ func TestWatchGuardThroughTheProxy(t *testing.T) {
 	if code, _, decision, _ := try("/api/v1/namespaces/" + ns + "/configmaps"); code != http.StatusServiceUnavailable {
 		t.Errorf("a list of the caller holding the most above the memory mark: HTTP %d, %q; want 503", code, decision)
 	}
-	other := serviceAccount(t, ns, "other", readWatch("configmaps"))
+	// Another tenant: a service account of the same namespace would be
+	// the same tenant, and refused with it.
+	otherNS := uniqueName("guard-other")
+	other := serviceAccount(t, otherNS, "other", readWatch("configmaps"))
 	ocs, err := kubernetes.NewForConfig(env.ConfigFor(other.Token, url, ca))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ocs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("another caller's list above the memory mark: %v, want it served", err)
+	if _, err := ocs.CoreV1().ConfigMaps(otherNS).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("another tenant's list above the memory mark: %v, want it served", err)
+	}
+	sibling := serviceAccount(t, ns, "sibling", readWatch("configmaps"))
+	shc, err := rest.HTTPClientFor(env.ConfigFor(sibling.Token, url, ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shc.CloseIdleConnections()
+	sreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v1/namespaces/"+ns+"/configmaps", nil)
+	sresp, err := shc.Do(sreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sresp.Body.Close()
+	if sresp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a list of another service account of the namespace holding the most, above the memory mark: HTTP %d, want 503 (one tenant)", sresp.StatusCode)
 	}
 	inUse.Store(100 << 20)
 	eventually(t, 10*time.Second, "the memory guard to lift", func() (bool, error) {
