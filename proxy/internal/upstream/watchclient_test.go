@@ -250,9 +250,18 @@ func TestWatchClientCancelAndClose(t *testing.T) {
 	if _, err := resp.Body.Read(make([]byte, 1)); err == nil {
 		t.Error("a read after Close succeeded")
 	}
-	s.cc.mu.Lock()
-	streams, used := len(s.cc.streams), s.cc.used
-	s.cc.mu.Unlock()
+	// The cancelled stream's place is freed by its context's AfterFunc
+	// right after its RST_STREAM is written, which the upstream may see
+	// first: wait for it.
+	var streams, used int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.cc.mu.Lock()
+		streams, used = len(s.cc.streams), s.cc.used
+		s.cc.mu.Unlock()
+		if (streams == 0 && used == 0) || time.Now().After(deadline) {
+			break
+		}
+	}
 	if streams != 0 || used != 0 {
 		t.Errorf("after Close the connection holds %d streams, %d used; want none", streams, used)
 	}
