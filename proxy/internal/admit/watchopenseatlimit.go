@@ -10,15 +10,23 @@ const (
 	minWatchOpenSeats = 2
 	// seatLatencyTolerance and seatLatencySlack: a round of opens whose
 	// mean answer time is over tolerance × the floor + slack shrinks the
-	// limit; any other round grows it.
+	// limit; any other round grows it. The slack is what tells a busy API
+	// server from an overloaded one: a busy CPU adds milliseconds to an
+	// answer, the queues of an API server past its capacity (API Priority
+	// and Fairness', its handlers') add tens to hundreds.
 	seatLatencyTolerance = 2
-	seatLatencySlack     = 2 * time.Millisecond
+	seatLatencySlack     = 50 * time.Millisecond
 	// seatShrink is the factor a slow round shrinks the limit by.
 	seatShrink = 0.5
 	// seatFloorWindow: the floor is the fastest answer of the current
 	// and the previous window, so that it follows a lasting change of the
 	// API server (a new version, a new node) within two windows.
 	seatFloorWindow = 30 * time.Second
+	// seatRecovery: a limit below its most that no slow round shrank for
+	// this long doubles, so that a shrink outlives the slowdown that
+	// caused it by at most a few seconds, also when few opens come to
+	// show that the API server is fast again.
+	seatRecovery = time.Second
 )
 
 // seatLimit is how many watch opens may be in flight upstream, adapted to
@@ -28,9 +36,12 @@ const (
 // each round (as many answers as the limit), the limit shrinks by
 // seatShrink when the round's mean was over seatLatencyTolerance × the
 // floor + seatLatencySlack, and grows by one otherwise, between
-// minWatchOpenSeats and max. So when another caller's opens saturate the
-// API server the opens in flight fall, and the fair queue in front of them
-// gives every tenant its turn at the smaller number.
+// minWatchOpenSeats and max; and it doubles after every seatRecovery
+// without a slow round (recover). So when another caller's opens saturate
+// the API server the opens in flight fall, and the fair queue in front of
+// them gives every tenant its turn at the smaller number; once the API
+// server keeps up again, within seconds, every tenant has the full number
+// again.
 //
 // Not safe for concurrent use: watchOpenSeats.mu guards it.
 type seatLimit struct {
@@ -42,6 +53,8 @@ type seatLimit struct {
 
 	roundSum time.Duration
 	roundN   int
+
+	changed time.Time // when a slow round or recover last changed the limit
 }
 
 func newSeatLimit(max int) *seatLimit {
@@ -51,6 +64,17 @@ func newSeatLimit(max int) *seatLimit {
 
 // seats is the current limit.
 func (l *seatLimit) seats() int { return int(l.limit) }
+
+// recover doubles a limit below its most that nothing changed for
+// seatRecovery, as of now.
+func (l *seatLimit) recover(now time.Time) {
+	if l.limit >= float64(l.max) || now.Sub(l.changed) < seatRecovery {
+		return
+	}
+	l.limit = min(float64(l.max), 2*l.limit)
+	l.changed = now
+	watchOpenSeatsLimit.Set(float64(l.seats()))
+}
 
 // observe takes one open's answer time took, seen at now.
 func (l *seatLimit) observe(now time.Time, took time.Duration) {
@@ -73,6 +97,7 @@ func (l *seatLimit) observe(now time.Time, took time.Duration) {
 	l.roundSum, l.roundN = 0, 0
 	if mean > seatLatencyTolerance*floor+seatLatencySlack {
 		l.limit = max(float64(min(minWatchOpenSeats, l.max)), l.limit*seatShrink)
+		l.changed = now
 	} else {
 		l.limit = min(float64(l.max), l.limit+1)
 	}

@@ -36,7 +36,11 @@ func TestSeatLimitFollowsAnswerTime(t *testing.T) {
 	if got := rounds(l, &now, 5*time.Millisecond, 3); got[2] != most {
 		t.Fatalf("fast answers: limit %v, want %d", got, most)
 	}
-	got := rounds(l, &now, 50*time.Millisecond, 4)
+	// A busy API server's few milliseconds more are within the slack.
+	if got := rounds(l, &now, 5*time.Millisecond+seatLatencySlack, 2); got[1] != most {
+		t.Fatalf("answers %v over the floor: limit %v, want %d", seatLatencySlack, got, most)
+	}
+	got := rounds(l, &now, 200*time.Millisecond, 4)
 	want := []int{2 * minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats}
 	for i := range want {
 		if got[i] != want[i] {
@@ -72,6 +76,44 @@ func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
 	}
 	if got := rounds(l, &now, slow, 2); got[1] <= minWatchOpenSeats {
 		t.Fatalf("after two windows of answers at %v: limit %v, want it growing", slow, got)
+	}
+}
+
+// A shrunk limit doubles after each seatRecovery without a slow round,
+// whether or not opens came meanwhile, back to its most; a slow round
+// restarts the wait.
+func TestSeatLimitRecoversWithTime(t *testing.T) {
+	now := time.Now()
+	most := 8 * minWatchOpenSeats
+	l := newSeatLimit(most)
+	rounds(l, &now, time.Millisecond, 1)
+	if got := rounds(l, &now, time.Second, 4); got[3] != minWatchOpenSeats {
+		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
+	}
+	l.recover(now.Add(seatRecovery / 2))
+	if got := l.seats(); got != minWatchOpenSeats {
+		t.Fatalf("half a recovery after the slow round: limit %d, want %d", got, minWatchOpenSeats)
+	}
+	now = now.Add(seatRecovery)
+	l.recover(now)
+	if got := l.seats(); got != 2*minWatchOpenSeats {
+		t.Fatalf("a recovery after the slow round: limit %d, want %d", got, 2*minWatchOpenSeats)
+	}
+	rounds(l, &now, time.Second, 1)
+	now = now.Add(seatRecovery / 2)
+	l.recover(now)
+	if got := l.seats(); got != minWatchOpenSeats {
+		t.Fatalf("half a recovery after another slow round: limit %d, want %d", got, minWatchOpenSeats)
+	}
+	for range 10 {
+		now = now.Add(seatRecovery)
+		l.recover(now)
+	}
+	if got := l.seats(); got != most {
+		t.Fatalf("ten recoveries later: limit %d, want its most %d", got, most)
+	}
+	if got := metricstest.GaugeValue(t, watchOpenSeatsLimit); got != float64(most) {
+		t.Errorf("watchgate_proxy_watch_open_seats = %v, want %d", got, most)
 	}
 }
 

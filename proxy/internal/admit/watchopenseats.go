@@ -108,6 +108,9 @@ func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
 // back, or its release when the open does not go upstream.
 func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
+	if s.inUse >= s.limit.seats() {
+		s.limit.recover(s.clock.Now())
+	}
 	if s.inUse < s.limit.seats() && s.waiting == 0 {
 		s.inUse++
 		s.mu.Unlock()
@@ -184,6 +187,7 @@ func (st *openSeat) give(answered bool) {
 		if answered {
 			s.limit.observe(now, now.Sub(st.granted))
 		}
+		s.limit.recover(now)
 		s.inUse--
 		s.dispatch()
 	})
