@@ -10,12 +10,10 @@ const (
 	minWatchOpenSeats = 2
 	// seatLatencyTolerance and seatLatencySlack: a round of opens whose
 	// mean answer time is over tolerance × the floor + slack shrinks the
-	// limit; any other round grows it. The slack is what tells a busy API
-	// server from an overloaded one: a busy CPU adds milliseconds to an
-	// answer, the queues of an API server past its capacity (API Priority
-	// and Fairness', its handlers') add tens to hundreds.
+	// limit; any other round grows it. The slack keeps the jitter of
+	// answers of a millisecond or two from counting as a slowdown.
 	seatLatencyTolerance = 2
-	seatLatencySlack     = 50 * time.Millisecond
+	seatLatencySlack     = 5 * time.Millisecond
 	// seatShrink is the factor a slow round shrinks the limit by.
 	seatShrink = 0.5
 	// seatFloorWindow: the floor is the fastest answer of the current
