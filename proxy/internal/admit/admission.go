@@ -48,6 +48,10 @@ type Admission struct {
 	// seat after its budget admitted it and before the guard, so that a
 	// waiting watch holds no place on the replica.
 	Seats *watchOpenSeats
+	// InitSeatGap is how long the stream of a watch that asks for initial
+	// state must be quiet for that state to count as passed and its seat
+	// to go back (0: relay.InitSeatGap).
+	InitSeatGap time.Duration
 	// opens, when not nil, caps how fast each caller opens watches that
 	// go upstream (see watchOpenRate); it decides after the guard.
 	Opens *watchOpenRate
@@ -119,7 +123,8 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 			a.reject(w, r, c, &d)
 		case c.Verb == ratelimit.VerbWatch:
 			flow := flowOf(r, caller, id)
-			seat, answered := func() {}, func() {}
+			seat := func() {}
+			var give func(answered bool)
 			if a.Seats != nil {
 				st, ok := a.Seats.acquire(r.Context(), flow)
 				if !ok {
@@ -130,8 +135,12 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 					}
 					return
 				}
-				seat, answered = st.release, st.answered
-				defer st.release()
+				seat, give = st.release, st.give
+				defer func() {
+					if !watchServed {
+						st.release()
+					}
+				}()
 			}
 			if a.Guard != nil {
 				reason, mem := a.Guard.AdmitFlow(a.Guard.Clock.Now(), flow)
@@ -161,7 +170,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
-			a.serveWatch(w, r, c, &d, start, lead, release, answered, next)
+			a.serveWatch(w, r, c, &d, start, lead, release, give, next)
 		case c.Verb == ratelimit.VerbList && a.Guard != nil:
 			a.serveList(w, r, c, caller, next)
 		default:
@@ -296,14 +305,25 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // the engine hears of its end, its place in the watch guard goes back
 // (release, when not nil) and its followers, when it leads (lead), are
 // handed over, also when the proxy panics out of the stream
-// (http.ErrAbortHandler). Its seat among the watch opens in flight (seat)
-// goes back as soon as the response's headers are written. Under
+// (http.ErrAbortHandler). Its seat among the watch opens in flight (give,
+// nil: none) goes back as soon as the response's headers are written, or,
+// for a watch that asks for initial state, once that state has passed
+// (relay's HoldSeatUntilInitialized). Under
 // relay.WithRelayAtTop the relay and the end run there, after the filters
 // have returned; otherwise here.
-func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release, seat func(), next http.Handler) {
+func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), give func(answered bool), next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	ws := relay.NewWatch(a.Engine, a.Clock, a.Log, c, *d, start, r.Context(), cancel)
+	seat := func() {}
+	if give != nil {
+		if c.AsksInitialState() {
+			ws.HoldSeatUntilInitialized(give, a.InitSeatGap)
+		} else {
+			seat = func() { give(true) }
+			defer give(false) // when it was not forwarded
+		}
+	}
 	var verdict relay.VersionVerdict
 	if lead != nil {
 		verdict = lead

@@ -5,9 +5,12 @@ import (
 )
 
 const (
-	// minWatchOpenSeats is the fewest seats the adaptive limit keeps: room
-	// for two tenants' opens at once however slow the API server answers.
-	minWatchOpenSeats = 2
+	// minWatchOpenSeats is the fewest seats the adaptive limit keeps,
+	// however slow the API server answers: with two tenants opening at
+	// once the fair queue gives each 8 in flight, so that an agent's
+	// restart beside another tenant's storm opens its watches 8 at a time,
+	// not one by one.
+	minWatchOpenSeats = 16
 	// seatLatencyTolerance and seatLatencySlack: a round of opens whose
 	// mean answer time is over tolerance × the floor + slack shrinks the
 	// limit; any other round grows it. The slack keeps the jitter of

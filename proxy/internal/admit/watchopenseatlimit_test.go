@@ -84,10 +84,10 @@ func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
 // restarts the wait.
 func TestSeatLimitRecoversWithTime(t *testing.T) {
 	now := time.Now()
-	most := 8 * minWatchOpenSeats
+	most := 4 * minWatchOpenSeats
 	l := newSeatLimit(most)
 	rounds(l, &now, time.Millisecond, 1)
-	if got := rounds(l, &now, time.Second, 4); got[3] != minWatchOpenSeats {
+	if got := rounds(l, &now, 100*time.Millisecond, 3); got[2] != minWatchOpenSeats {
 		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
 	}
 	l.recover(now.Add(seatRecovery / 2))
@@ -99,7 +99,7 @@ func TestSeatLimitRecoversWithTime(t *testing.T) {
 	if got := l.seats(); got != 2*minWatchOpenSeats {
 		t.Fatalf("a recovery after the slow round: limit %d, want %d", got, 2*minWatchOpenSeats)
 	}
-	rounds(l, &now, time.Second, 1)
+	rounds(l, &now, 100*time.Millisecond, 1)
 	now = now.Add(seatRecovery / 2)
 	l.recover(now)
 	if got := l.seats(); got != minWatchOpenSeats {

@@ -178,6 +178,8 @@ func (st *openSeat) answered() { st.give(true) }
 // open did not go upstream, or its answer was already counted).
 func (st *openSeat) release() { st.give(false) }
 
+// give gives the seat back: answered, its time since it was granted
+// adapts the limit. Calls after the first do nothing.
 func (st *openSeat) give(answered bool) {
 	st.once.Do(func() {
 		s := st.s

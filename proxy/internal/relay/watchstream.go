@@ -64,6 +64,11 @@ type Watch struct {
 
 	body    *watchBody // set when a 200 stream starts
 	endOnce sync.Once
+
+	// seat, when not nil, is the seat among the watch opens in flight
+	// this watch holds until its initial state has passed
+	// (HoldSeatUntilInitialized).
+	seat *initSeat
 }
 
 // VersionVerdict is the leader of the watches from one resourceVersion
@@ -106,11 +111,13 @@ func (ws *Watch) UpstreamAnswered(resp *http.Response) {
 		// A watch over WebSocket is relayed, not inspected: it will learn
 		// nothing, so its followers go on.
 		ws.settleVerdict()
+		ws.releaseSeat(true)
 		return
 	}
 	ws.upstreamCode.Store(int32(resp.StatusCode))
 	if resp.StatusCode != http.StatusOK {
 		ws.handOverVerdict()
+		ws.releaseSeat(true)
 		return
 	}
 	ws.answeredAt = ws.clock.Now()
@@ -118,6 +125,13 @@ func (ws *Watch) UpstreamAnswered(resp *http.Response) {
 	// The reverse proxy sends the headers and an empty body; relay copies
 	// the stream after it, without a copy buffer while the watch is idle.
 	resp.Body = http.NoBody
+	if ws.seat != nil {
+		if ws.body.inspect == nil {
+			ws.releaseSeat(true) // its events go by unseen
+		} else {
+			ws.startSeatTimers()
+		}
+	}
 	if ws.verdict != nil {
 		// kube-apiserver sends the ERROR event of a too old version right
 		// behind the headers; a quiet stream means the version is valid.
@@ -167,6 +181,7 @@ func (ws *Watch) End() {
 		if ws.quiet != nil {
 			ws.quiet.Stop()
 		}
+		ws.releaseSeat(false)
 		ws.handOverVerdict()
 		outcome := ratelimit.OutcomeClosed
 		if b := ws.body; b != nil {
@@ -226,6 +241,7 @@ type watchListEngine interface {
 // initial events goes by.
 func (ws *Watch) SawInitialEventsEnd() {
 	ws.initialEventsEnd.Store(true)
+	ws.releaseSeat(true)
 }
 
 // settleVerdict releases the followers waiting on this watch's version, if
@@ -249,6 +265,9 @@ func (ws *Watch) handOverVerdict() {
 // the version was valid.
 func (ws *Watch) SawEvent() {
 	ws.settleVerdict()
+	if ws.seat != nil {
+		ws.seat.sawEvent()
+	}
 }
 
 // SawError is called for every ERROR event in the stream with its object.

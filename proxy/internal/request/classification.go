@@ -74,6 +74,17 @@ func (c *Classification) FromVersion() bool {
 		c.ResourceVersion != "" && c.ResourceVersion != "0" && !c.QueryRefused
 }
 
+// AsksInitialState reports whether c asks for the collection's state
+// before its changes (ratelimit.Request's initialState): a watch with
+// sendInitialEvents=true, or without sendInitialEvents from no
+// resourceVersion or "0".
+func (c *Classification) AsksInitialState() bool {
+	if c.SendInitialEvents != nil {
+		return *c.SendInitialEvents
+	}
+	return c.ResourceVersion == "" || c.ResourceVersion == "0"
+}
+
 // NewRequestInfoFactory knows kube-apiserver's URL layout: /api for the
 // core group, /apis for the others, ?watch=true and the legacy /watch/
 // paths.

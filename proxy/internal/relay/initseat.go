@@ -1,0 +1,98 @@
+package relay
+
+import (
+	"cmp"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	// InitSeatGap: kube-apiserver sends the events of a watch's initial
+	// state back to back right behind the headers, so the state has passed
+	// once the stream has been quiet this long. A watch without
+	// sendInitialEvents has no other mark of its end; a watch-list's
+	// bookmark that ends its initial events may come much later (an API
+	// server without a watch cache waits for etcd's progress notification
+	// to send it), while its cost was the events before.
+	InitSeatGap = 10 * time.Millisecond
+	// InitSeatMaxHold bounds how long a watch holds its seat for its
+	// initial state: past it (a client that does not read, a huge
+	// collection) the seat goes back without counting as an answer time.
+	InitSeatMaxHold = 5 * time.Second
+)
+
+// initSeat is the seat among the watch opens in flight upstream that a
+// watch asking for initial state holds until that state has passed, as API
+// Priority and Fairness holds a watch's seat until the watch is
+// initialized: what such a watch costs the API server (a list, its
+// encoding) comes after the response headers. give hands the seat back,
+// answered telling whether the time it was held is an answer time of the
+// API server's.
+type initSeat struct {
+	give     func(answered bool)
+	gapAfter time.Duration
+	once     sync.Once
+	released atomic.Bool
+
+	mu        sync.Mutex  // guards the timers against their own callbacks
+	gap, hold *time.Timer // nil until the stream starts
+}
+
+// HoldSeatUntilInitialized makes the watch give its seat back (give) only
+// once its initial state has passed: after gap (0: InitSeatGap) without
+// an event, or at a watch-list's bookmark that ends its initial events,
+// whichever comes first; at most InitSeatMaxHold after its headers, and at
+// once when the API server does not answer it with a stream this proxy
+// reads. Call it before the watch is forwarded.
+func (ws *Watch) HoldSeatUntilInitialized(give func(answered bool), gap time.Duration) {
+	ws.seat = &initSeat{give: give, gapAfter: cmp.Or(gap, InitSeatGap)}
+}
+
+// startSeatTimers starts the seat's timers once the API server answered
+// with a stream that is read: its headers are out.
+func (ws *Watch) startSeatTimers() {
+	s := ws.seat
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.released.Load() {
+		return
+	}
+	s.hold = time.AfterFunc(InitSeatMaxHold, func() { s.release(false) })
+	s.gap = time.AfterFunc(s.gapAfter, func() { s.release(true) })
+}
+
+// releaseSeat gives the seat back, if the watch holds one.
+func (ws *Watch) releaseSeat(answered bool) {
+	if ws.seat != nil {
+		ws.seat.release(answered)
+	}
+}
+
+// sawEvent pushes the gap back: the initial state is still coming.
+func (s *initSeat) sawEvent() {
+	if s.released.Load() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gap != nil && !s.released.Load() {
+		s.gap.Reset(s.gapAfter)
+	}
+}
+
+// release gives the seat back, once.
+func (s *initSeat) release(answered bool) {
+	s.once.Do(func() {
+		s.released.Store(true)
+		s.mu.Lock()
+		if s.gap != nil {
+			s.gap.Stop()
+		}
+		if s.hold != nil {
+			s.hold.Stop()
+		}
+		s.mu.Unlock()
+		s.give(answered)
+	})
+}
