@@ -52,17 +52,18 @@ var errWatchEndedAtOnce = errors.New("the watch ended at once")
 // meanwhile answers are trusted for at most MaxFoundTTL, as always.
 func (b *boundObjects) watchDeletions(ctx context.Context, log logr.Logger) {
 	var wg sync.WaitGroup
+	var forbidden sync.Once
 	for _, r := range boundResources {
-		wg.Go(func() { b.watchResource(ctx, r, log.WithValues("resource", r)) })
+		wg.Go(func() { b.watchResource(ctx, r, log.WithValues("resource", r), &forbidden) })
 	}
 	wg.Wait()
 }
 
 // watchResource watches resource until ctx ends, starting again from now
-// after each failure.
-func (b *boundObjects) watchResource(ctx context.Context, resource string, log logr.Logger) {
+// after each failure; forbidden logs, once for every resource, that a
+// watch is not allowed.
+func (b *boundObjects) watchResource(ctx context.Context, resource string, log logr.Logger, forbidden *sync.Once) {
 	backoff := b.watchBackoff
-	warned := false
 	for {
 		started := time.Now()
 		err := b.watchFromNow(ctx, resource)
@@ -71,12 +72,11 @@ func (b *boundObjects) watchResource(ctx context.Context, resource string, log l
 		}
 		var delay time.Duration
 		if apierrors.IsForbidden(err) {
-			if !warned {
+			forbidden.Do(func() {
 				log.Info("Cannot watch the objects service-account tokens are bound to: a token whose object is deleted is refused "+
 					"once watchgate's answer for the object expires (MaxFoundTTL, 10s); grant list and watch on serviceaccounts, pods and nodes",
 					"err", err.Error())
-				warned = true
-			}
+			})
 			delay = forbiddenWatchRetry
 		} else {
 			b.forget(resource)
@@ -117,7 +117,7 @@ func (b *boundObjects) watchFromNow(ctx context.Context, resource string) error 
 		if err != nil {
 			return fmt.Errorf("watch %s from %s: %w", resource, rv, err)
 		}
-		next, err := b.drain(resource, w, rv)
+		next, err := b.drain(ctx, resource, w, rv)
 		w.Stop()
 		switch {
 		case err != nil:
@@ -132,10 +132,21 @@ func (b *boundObjects) watchFromNow(ctx context.Context, resource string) error 
 	return nil
 }
 
-// drain applies one watch's events and returns the last resourceVersion
-// it saw (rv if none); an ERROR event (410 Gone among them) is an error.
-func (b *boundObjects) drain(resource string, w watch.Interface, rv string) (string, error) {
-	for ev := range w.ResultChan() {
+// drain applies one watch's events until it ends or ctx does, and
+// returns the last resourceVersion it saw (rv if none); an ERROR event
+// (410 Gone among them) is an error.
+func (b *boundObjects) drain(ctx context.Context, resource string, w watch.Interface, rv string) (string, error) {
+	for {
+		var ev watch.Event
+		var open bool
+		select {
+		case <-ctx.Done():
+			return rv, nil
+		case ev, open = <-w.ResultChan():
+		}
+		if !open {
+			return rv, nil
+		}
 		if ev.Type == watch.Error {
 			return rv, fmt.Errorf("watch %s from %s: %w", resource, rv, apierrors.FromObject(ev.Object))
 		}
@@ -148,7 +159,6 @@ func (b *boundObjects) drain(resource string, w watch.Interface, rv string) (str
 			b.observe(resource, ev.Type, m)
 		}
 	}
-	return rv, nil
 }
 
 // observe applies one event of resource's watch. Only an object b
