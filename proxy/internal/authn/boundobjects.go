@@ -116,7 +116,8 @@ type objectState struct {
 // through client: at most size objects, found ones for ttl (at most
 // MaxFoundTTL), missing ones for negativeTTL, each GET bounded by timeout
 // and spending budget (per client network, see review.WithRequester; nil:
-// unbounded), expiry on clk.
+// unbounded), expiry on clk. Its answers are corrected by its watches
+// while watchDeletions runs (ServiceAccountTokens.WatchBoundObjects).
 func NewBoundObjects(client metadata.Interface, size int, ttl, negativeTTL, timeout time.Duration, budget *review.Budget, clk clock.PassiveClock) *boundObjects {
 	return &boundObjects{
 		client: client, cache: utilcache.NewLRUExpireCacheWithClock(size, clk), found: utilcache.NewLRUExpireCacheWithClock(size, clk),
