@@ -138,7 +138,8 @@ const foundTTL = 10 * time.Second
 // for a stale-version watch watchgate answers itself (so watchgate looked
 // its objects up after t0 and, with only the GET to go by, would trust them
 // until t0 + MaxFoundTTL); the object is deleted, and the same watch,
-// which never reaches the API server, is refused before t0 + MaxFoundTTL.
+// which never reaches the API server, is refused before t0 + MaxFoundTTL,
+// the deletion counted as seen by the watch.
 func TestTokenOfADeletedObjectIsRefusedOnceTheDeletionIsWatched(t *testing.T) {
 	ctx := context.Background()
 	ns := uniqueName("watched")
@@ -153,26 +154,29 @@ func TestTokenOfADeletedObjectIsRefusedOnceTheDeletionIsWatched(t *testing.T) {
 		}
 	}
 
-	for name, tc := range map[string]func(t *testing.T) (token string, deleteIt func() error){
-		"its pod": func(t *testing.T) (string, func() error) {
+	for name, tc := range map[string]func(t *testing.T) (token, resource string, deleteIt func() error){
+		"its pod": func(t *testing.T) (string, string, func() error) {
 			sa := serviceAccount(t, ns, "pod-agent")
 			pod, token := podToken(t, ns, sa.Name, "agent-0")
-			return token, func() error {
+			return token, "pods", func() error {
 				return env.Clientset.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 			}
 		},
-		"its node": func(t *testing.T) (string, func() error) {
+		"its node": func(t *testing.T) (string, string, func() error) {
 			sa := serviceAccount(t, ns, "node-agent")
 			node, token := nodeToken(t, ns, sa.Name, uniqueName("node"))
-			return token, func() error { return env.Clientset.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{}) }
+			return token, "nodes", func() error { return env.Clientset.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{}) }
 		},
-		"its service account": func(t *testing.T) (string, func() error) {
+		"its service account": func(t *testing.T) (string, string, func() error) {
 			sa := serviceAccount(t, ns, "leaving")
-			return sa.Token, func() error { return env.Clientset.CoreV1().ServiceAccounts(ns).Delete(ctx, sa.Name, metav1.DeleteOptions{}) }
+			return sa.Token, "serviceaccounts", func() error {
+				return env.Clientset.CoreV1().ServiceAccounts(ns).Delete(ctx, sa.Name, metav1.DeleteOptions{})
+			}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			token, deleteIt := tc(t)
+			token, resource, deleteIt := tc(t)
+			deletions := proxyMetric(t, "watchgate_proxy_bound_object_deletions_total", map[string]string{"resource": resource})
 			t0 := time.Now()
 			if code, decision, err := send(c, p.URL, token, stale); err != nil || code != http.StatusOK || decision != "reject; reason=StaleResourceVersion; budget=everyone" {
 				t.Fatalf("stale watch with the object: HTTP %d %q %v, want 200 answered by watchgate", code, decision, err)
@@ -188,6 +192,9 @@ func TestTokenOfADeletedObjectIsRefusedOnceTheDeletionIsWatched(t *testing.T) {
 				}
 				if code == http.StatusUnauthorized && decision == "" {
 					t.Logf("refused %v after the deletion", time.Since(deleted).Round(time.Millisecond))
+					if proxyMetric(t, "watchgate_proxy_bound_object_deletions_total", map[string]string{"resource": resource}) <= deletions {
+						t.Errorf("refused, but no deletion of %s was counted as seen by the watch", resource)
+					}
 					return
 				}
 				if time.Since(t0) >= foundTTL {

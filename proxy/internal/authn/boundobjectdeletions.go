@@ -99,7 +99,7 @@ func (b *boundObjects) watchResource(ctx context.Context, resource string, log l
 
 // watchFromNow lists one object of resource for the collection's
 // resourceVersion, then watches from it, again from the last version seen
-// after each watch's timeout, until ctx ends (nil) or a watch fails.
+// after each watch's timeout, until ctx ends or a watch fails.
 func (b *boundObjects) watchFromNow(ctx context.Context, resource string) error {
 	client := b.client.Resource(schema.GroupVersionResource{Version: "v1", Resource: resource})
 	list, err := client.List(ctx, metav1.ListOptions{Limit: 1})
@@ -123,13 +123,13 @@ func (b *boundObjects) watchFromNow(ctx context.Context, resource string) error 
 		case err != nil:
 			return err
 		case ctx.Err() != nil:
-			return nil
+			return ctx.Err()
 		case next == rv && time.Since(opened) < watchEndedAtOnce:
 			return fmt.Errorf("watch %s from %s: %w", resource, rv, errWatchEndedAtOnce)
 		}
 		rv = next
 	}
-	return nil
+	return ctx.Err()
 }
 
 // drain applies one watch's events until it ends or ctx does, and
