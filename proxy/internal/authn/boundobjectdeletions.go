@@ -60,8 +60,8 @@ func (b *boundObjects) watchDeletions(ctx context.Context, log logr.Logger) {
 }
 
 // watchResource watches resource until ctx ends, starting again from now
-// after each failure; forbidden logs, once for every resource, that a
-// watch is not allowed.
+// after each failure; a watch not allowed is logged once for the three
+// resources (forbidden).
 func (b *boundObjects) watchResource(ctx context.Context, resource string, log logr.Logger, forbidden *sync.Once) {
 	backoff := b.watchBackoff
 	for {
@@ -70,6 +70,7 @@ func (b *boundObjects) watchResource(ctx context.Context, resource string, log l
 		if ctx.Err() != nil {
 			return
 		}
+		b.forget(resource)
 		var delay time.Duration
 		if apierrors.IsForbidden(err) {
 			forbidden.Do(func() {
@@ -79,7 +80,6 @@ func (b *boundObjects) watchResource(ctx context.Context, resource string, log l
 			})
 			delay = forbiddenWatchRetry
 		} else {
-			b.forget(resource)
 			boundObjectWatchRestarts.WithLabelValues(resource).Inc()
 			if time.Since(started) >= deletionWatchBackoffReset {
 				backoff = b.watchBackoff
