@@ -261,6 +261,7 @@ func (s *Server) Start(ctx context.Context) error {
 	wg.Go(func() { s.probeUpstream(bg) })
 	if s.saTokens != nil {
 		wg.Go(func() { s.saTokens.Run(bg, s.opts.Clock, s.opts.ServiceAccountKeysRefreshInterval, s.keyLogs) })
+		wg.Go(func() { s.saTokens.WatchBoundObjects(bg, s.log.WithName("bound-objects")) })
 	}
 
 	served := make(chan error, 1)

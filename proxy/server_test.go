@@ -25,6 +25,10 @@ func TestServerLifecycle(t *testing.T) {
 	upstream := tlsUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/readyz", "/.well-known/openid-configuration", "/openid/v1/jwks": // probe, service-account keys
+		case "/api/v1/serviceaccounts", "/api/v1/pods", "/api/v1/nodes": // the watches of the objects tokens are bound to
+			if r.URL.Query().Get("limit") != "1" && r.URL.Query().Get("watch") != "true" {
+				t.Errorf("upstream request %s, want a list of one object or a watch", r.URL)
+			}
 		default:
 			t.Errorf("unexpected upstream request %s", r.URL.Path)
 		}

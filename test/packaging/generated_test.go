@@ -154,17 +154,15 @@ func TestChartRBACIsTheGeneratedRBAC(t *testing.T) {
 	if !allows(role.Object["rules"], "", "pods", "list") {
 		t.Errorf("manager Role does not allow list pods: %v", role.Object["rules"])
 	}
-	for _, verb := range []string{"list", "watch"} {
-		if allows(cr.Object["rules"], "", "pods", verb) {
-			t.Errorf("ClusterRole allows %s pods cluster-wide; pods belong in the namespaced Role", verb)
-		}
-	}
-	// Local token verification gets, one at a time, the service account,
-	// pod or node a token names (as kube-apiserver checks they still
-	// exist), in any namespace; secrets never.
+	// Local token verification gets the service account, pod or node a
+	// token names (as kube-apiserver checks they still exist), in any
+	// namespace, and watches their deletions (metadata only), so that a
+	// deleted object's tokens are refused at once; secrets never.
 	for _, resource := range []string{"serviceaccounts", "pods", "nodes"} {
-		if !allows(cr.Object["rules"], "", resource, "get") {
-			t.Errorf("ClusterRole does not allow get %s", resource)
+		for _, verb := range []string{"get", "list", "watch"} {
+			if !allows(cr.Object["rules"], "", resource, verb) {
+				t.Errorf("ClusterRole does not allow %s %s", verb, resource)
+			}
 		}
 	}
 	if allows(cr.Object["rules"], "", "secrets", "get") {

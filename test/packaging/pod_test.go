@@ -224,16 +224,19 @@ spec:
 	})
 
 	// The leader lists its replicas' pods (to prune their status entries)
-	// only once a minute, later than this test looks: ask the API server,
-	// with the ServiceAccount's own token, that it may list pods in its
-	// namespace and nowhere else.
+	// only once a minute, later than this test looks, and every replica
+	// watches pods cluster-wide (the deletions that revoke tokens): ask
+	// the API server, with the ServiceAccount's own token, that it may
+	// list pods, and write Events only where they belong.
 	for _, q := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"list", "pods", "--namespace", releaseNamespace}, "yes"},
-		{[]string{"list", "pods", "--namespace", "default"}, "no"},
-		{[]string{"list", "pods", "--all-namespaces"}, "no"},
+		{[]string{"watch", "pods", "--all-namespaces"}, "yes"},
+		{[]string{"watch", "nodes", "--all-namespaces"}, "yes"},
+		{[]string{"watch", "serviceaccounts", "--all-namespaces"}, "yes"},
+		{[]string{"list", "secrets", "--all-namespaces"}, "no"},
 		{[]string{"create", "events.events.k8s.io", "--namespace", "default"}, "yes"},
 		{[]string{"patch", "events.events.k8s.io", "--namespace", "default"}, "yes"},
 		{[]string{"create", "events.events.k8s.io", "--namespace", releaseNamespace}, "no"},

@@ -26,6 +26,18 @@ var (
 			"the token is then reviewed with a TokenReview.",
 	})
 
+	boundObjectWatchRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_bound_object_watch_restarts_total",
+		Help: "Watches of the objects service-account tokens are bound to that failed (an error, 410 Gone) and started again from now, " +
+			"by resource (serviceaccounts, pods, nodes); the objects looked up before are looked up again.",
+	}, []string{"resource"})
+
+	boundObjectDeletions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watchgate_proxy_bound_object_deletions_total",
+		Help: "Objects looked up for service-account tokens that the proxy's watch saw deleted or re-created under another UID, " +
+			"by resource (serviceaccounts, pods, nodes); their tokens are refused from then on.",
+	}, []string{"resource"})
+
 	credentialsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watchgate_proxy_credentials_refused_total",
 		Help: "Requests refused with 400 because the proxy and the API server could read their credential headers " +
@@ -34,5 +46,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(localVerifications, keyRefreshes, boundObjectLookupErrors, credentialsRefused)
+	metrics.Registry.MustRegister(localVerifications, keyRefreshes, boundObjectLookupErrors, boundObjectWatchRestarts, boundObjectDeletions, credentialsRefused)
 }

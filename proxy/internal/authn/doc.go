@@ -3,8 +3,8 @@
 // Authorization header and the WebSocket protocol token; 400 where the two
 // could read it differently, so a new credential header is read here),
 // verifies service-account JWTs locally against the API server's published
-// keys and their bound service account, pod or node
-// (ServiceAccountTokens), and every other token by TokenReview
+// keys and their bound service account, pod or node, whose deletions it
+// watches (ServiceAccountTokens), and every other token by TokenReview
 // (CachedTokens, within proxy/internal/review's budgets), and leaves the
 // caller in the request's state. No token or a bad one: 401, nothing
 // forwarded.

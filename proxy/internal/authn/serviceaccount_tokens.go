@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	jose "gopkg.in/go-jose/go-jose.v2"
@@ -170,6 +171,15 @@ func (s *ServiceAccountTokens) Run(ctx context.Context, clk clock.Clock, interva
 			log.Info("Cannot fetch the service-account issuer's keys; service-account tokens are reviewed", "err", err.Error())
 		}
 	})
+}
+
+// WatchBoundObjects watches the deletions of the objects tokens are bound
+// to until ctx ends (see boundObjects.watchDeletions); it returns at once
+// when they are not checked.
+func (s *ServiceAccountTokens) WatchBoundObjects(ctx context.Context, log logr.Logger) {
+	if s.bound != nil {
+		s.bound.watchDeletions(ctx, log)
+	}
 }
 
 // refresh fetches the issuer and its key set, one fetch at a time.
