@@ -186,7 +186,8 @@ type Options struct {
 	WatchOpensPerIdentityPerSecond float64
 	WatchOpenBurstPerIdentity      int
 	// MaxWatchOpensInFlight bounds the watch opens this replica has sent
-	// upstream and whose response headers are not back; the others wait
+	// upstream and whose response headers are not back (a watch asking for
+	// initial state: whose initial state has not passed); the others wait
 	// their turn, fairly queued by tenant and flow (see guard.Flow), at
 	// most 15 s, else 429 (reason="WatchOpenQueue"). 0:
 	// DefaultMaxWatchOpensInFlight; negative: no bound.

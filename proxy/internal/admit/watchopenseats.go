@@ -45,7 +45,9 @@ const (
 const GuardWatchOpenQueue = "WatchOpenQueue"
 
 // watchOpenSeats bounds the watch opens in flight upstream (sent, their
-// response headers not yet back) and queues the rest fairly, as API
+// response headers not yet back; for a watch asking for initial state, that
+// state not yet passed: relay's HoldSeatUntilInitialized) and queues the
+// rest fairly, as API
 // Priority and Fairness queues requests for its seats: a free seat goes to
 // the next tenant with a waiting open, round robin, and within that
 // tenant to its next flow (caller and impersonated user), round robin;
@@ -55,8 +57,8 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 // are in flight at once follows how fast the API server answers them
 // (seatLimit), at most seats: when one tenant's opens saturate the API
 // server the limit falls, and every tenant gets its turn at the smaller
-// number. A waiting open holds nothing shared (no guard place, no seat), only its request;
-// it waits at most maxSeatWait, and at most maxWaitingPerTenant wait per
+// number. A waiting open holds nothing shared (no guard place, no seat),
+// only its request; it waits at most maxSeatWait, and at most maxWaitingPerTenant wait per
 // tenant, maxWaiting in all; beyond, 429 with Retry-After.
 //
 // It is safe for concurrent use; each acquire and release is one lock and
