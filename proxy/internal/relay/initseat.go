@@ -15,7 +15,7 @@ const (
 	// bookmark that ends its initial events may come much later (an API
 	// server without a watch cache waits for etcd's progress notification
 	// to send it), while its cost was the events before.
-	InitSeatGap = 10 * time.Millisecond
+	InitSeatGap = 5 * time.Millisecond
 	// InitSeatMaxHold bounds how long a watch holds its seat for its
 	// initial state: past it (a client that does not read, a huge
 	// collection) the seat goes back without counting as an answer time.
@@ -34,19 +34,31 @@ type initSeat struct {
 	gapAfter time.Duration
 	once     sync.Once
 	released atomic.Bool
+	// events counts the events seen; the gap timer, each time it fires,
+	// compares it with what it saw the time before (seen), so that an
+	// event costs one atomic add, not a timer reset.
+	events atomic.Uint64
 
-	mu        sync.Mutex  // guards the timers against their own callbacks
+	mu        sync.Mutex  // guards the timers against their own callbacks, and seen
 	gap, hold *time.Timer // nil until the stream starts
+	seen      uint64
 }
 
 // HoldSeatUntilInitialized makes the watch give its seat back (give) only
-// once its initial state has passed: after gap (0: InitSeatGap) without
-// an event, or at a watch-list's bookmark that ends its initial events,
-// whichever comes first; at most InitSeatMaxHold after its headers, and at
-// once when the API server does not answer it with a stream this proxy
-// reads. Call it before the watch is forwarded.
+// once its initial state has passed: after gap (0: InitSeatGap) to twice
+// that without an event, or at a watch-list's bookmark that ends its
+// initial events, whichever comes first; at most InitSeatMaxHold after its
+// headers, and at once when the API server does not answer it with a
+// stream this proxy reads. Call it before the watch is forwarded.
 func (ws *Watch) HoldSeatUntilInitialized(give func(answered bool), gap time.Duration) {
 	ws.seat = &initSeat{give: give, gapAfter: cmp.Or(gap, InitSeatGap)}
+}
+
+// releaseSeat gives the seat back, if the watch holds one.
+func (ws *Watch) releaseSeat(answered bool) {
+	if ws.seat != nil {
+		ws.seat.release(answered)
+	}
 }
 
 // startSeatTimers starts the seat's timers once the API server answered
@@ -59,26 +71,30 @@ func (ws *Watch) startSeatTimers() {
 		return
 	}
 	s.hold = time.AfterFunc(InitSeatMaxHold, func() { s.release(false) })
-	s.gap = time.AfterFunc(s.gapAfter, func() { s.release(true) })
+	s.gap = time.AfterFunc(s.gapAfter, s.gapEnded)
 }
 
-// releaseSeat gives the seat back, if the watch holds one.
-func (ws *Watch) releaseSeat(answered bool) {
-	if ws.seat != nil {
-		ws.seat.release(answered)
+// sawEvent counts an event: the initial state is still coming.
+func (s *initSeat) sawEvent() {
+	if !s.released.Load() {
+		s.events.Add(1)
 	}
 }
 
-// sawEvent pushes the gap back: the initial state is still coming.
-func (s *initSeat) sawEvent() {
-	if s.released.Load() {
+// gapEnded runs when the gap timer fires: the seat goes back if no event
+// came since it last fired, else the timer waits another gap.
+func (s *initSeat) gapEnded() {
+	s.mu.Lock()
+	if n := s.events.Load(); n != s.seen {
+		s.seen = n
+		if !s.released.Load() {
+			s.gap.Reset(s.gapAfter)
+		}
+		s.mu.Unlock()
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gap != nil && !s.released.Load() {
-		s.gap.Reset(s.gapAfter)
-	}
+	s.mu.Unlock()
+	s.release(true)
 }
 
 // release gives the seat back, once.
