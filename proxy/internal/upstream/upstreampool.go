@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,9 +34,10 @@ const upstreamDialTimeout = 40 * time.Second
 // kept; BenchmarkIdleWatches). Here the same burst dials 20.
 //
 // Connections come from transport.NewClientConn, with its TLS, HTTP/2
-// settings, dialer and proxy. A connection that failed is dropped, and one
-// with no request in flight and none begun for IdleConnTimeout is closed,
-// every upstreamPruneInterval when a request looks for a stream. A request
+// settings, dialer and proxy. A connection that failed is dropped when a
+// request's search meets it or at the next prune, and one with no request
+// in flight and none begun for IdleConnTimeout is closed at a prune: every
+// upstreamPruneInterval when a request looks for a stream. A request
 // takes a stream on the newest connection that has one: the search costs
 // one lock per connection looked at, and the newest are the ones with
 // free streams.
@@ -165,10 +167,25 @@ func (p *upstreamPool) reserveLocked(key string) *http.ClientConn {
 		p.pruneLocked(now)
 	}
 	conns := p.conns[key]
+	defer func() {
+		if len(conns) == 0 {
+			delete(p.conns, key)
+		} else {
+			p.conns[key] = conns
+		}
+	}()
 	for i := len(conns) - 1; i >= 0; i-- {
-		if c := conns[i]; c.cc.Reserve() == nil {
+		c := conns[i]
+		if c.cc.Reserve() == nil {
 			c.lastUsed = now
 			return c.cc
+		}
+		if c.cc.Err() != nil {
+			// Broken (an HTTP/1.1 connection closes with the stream a
+			// client cancelled): dropped now, so that the search does
+			// not grow with the connections broken since the last prune.
+			_ = c.cc.Close()
+			conns = slices.Delete(conns, i, i+1)
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -113,5 +114,45 @@ func TestUpstreamPoolClosesIdleConnections(t *testing.T) {
 		if got := accepted.Load(); got != step.want {
 			t.Errorf("step %d (+%v): %d connections accepted, want %d", i, step.at, got, step.want)
 		}
+	}
+}
+
+// Over HTTP/1.1 a watch the client leaves closes its connection. The
+// pool drops such a connection when a request's search meets it, so that
+// the search does not grow with every watch closed since the last prune.
+func TestUpstreamPoolDropsBrokenConnectionsAsItSearches(t *testing.T) {
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // HTTP/1.1 only
+		if r.ProtoMajor != 1 {
+			t.Errorf("the upstream got %s, want HTTP/1.1", r.Proto)
+		}
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(up.Close)
+	_, transport, err := NewTransport(upstreamtest.Trusting(up), &ConnectionCount{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := transport.(Transport).normal.(*upstreamPool)
+	t.Cleanup(pool.CloseIdleConnections)
+	now := time.Now()
+	pool.now = func() time.Time { return now } // no prune in this test
+	const watches = 50
+	for range watches {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, up.URL+"/api/v1/configmaps?watch=true", nil)
+		resp, err := pool.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		_ = resp.Body.Close()
+	}
+	pool.mu.Lock()
+	held := len(pool.conns["https://"+canonicalAddr("https", strings.TrimPrefix(up.URL, "https://"))])
+	pool.mu.Unlock()
+	if held > watches/5 {
+		t.Errorf("the pool holds %d connections after %d watches opened and left one after the other, want the broken ones dropped", held, watches)
 	}
 }
