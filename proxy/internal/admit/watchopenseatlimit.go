@@ -37,8 +37,11 @@ const (
 // each round (as many answers as the limit), the limit shrinks by
 // seatShrink when the round's mean was over seatLatencyTolerance × the
 // floor + seatLatencySlack, and grows by one otherwise, between
-// minWatchOpenSeats and max; and it doubles after every seatRecovery
-// without a slow round (recover). So when another caller's opens saturate
+// minWatchOpenSeats and max. It also shrinks, once per limit, as soon as
+// the oldest open in flight has waited longer than a slow answer takes
+// (stalled): an API server that stops answering shows it before a round
+// completes. It doubles after every seatRecovery without a shrink while
+// no open in flight is overdue (recover). So when another caller's opens saturate
 // the API server the opens in flight fall, and the fair queue in front of
 // them gives every tenant its turn at the smaller number; once the API
 // server keeps up again, within seconds, every tenant has the full number
@@ -67,13 +70,52 @@ func newSeatLimit(max int) *seatLimit {
 func (l *seatLimit) seats() int { return int(l.limit) }
 
 // recover doubles a limit below its most that nothing changed for
-// seatRecovery, as of now.
-func (l *seatLimit) recover(now time.Time) {
-	if l.limit >= float64(l.max) || now.Sub(l.changed) < seatRecovery {
+// seatRecovery, as of now, unless the oldest open in flight (granted then;
+// zero: none) has been waiting longer than a slow answer takes: answers
+// that do not come are no sign of a fast API server.
+func (l *seatLimit) recover(now, oldest time.Time) {
+	if l.limit >= float64(l.max) || now.Sub(l.changed) < seatRecovery || l.overdue(now, oldest) {
 		return
 	}
 	l.limit = min(float64(l.max), 2*l.limit)
 	l.changed = now
+	watchOpenSeatsLimit.Set(float64(l.seats()))
+}
+
+// stalled shrinks the limit when the oldest open in flight (granted then;
+// zero: none) has been waiting longer than a slow answer takes and was
+// granted under the current limit: an API server that stopped answering
+// shows it before a round of answers can, and each limit gets one such
+// shrink, as a TCP window is cut once per round trip.
+func (l *seatLimit) stalled(now, oldest time.Time) {
+	if oldest.Before(l.changed) || !l.overdue(now, oldest) {
+		return
+	}
+	l.shrink(now)
+}
+
+// overdue reports whether an open granted at oldest (zero: none) and not
+// answered by now took longer than a slow answer.
+func (l *seatLimit) overdue(now, oldest time.Time) bool {
+	floor := l.lowestFloor()
+	return !oldest.IsZero() && floor != 0 && now.Sub(oldest) > seatLatencyTolerance*floor+seatLatencySlack
+}
+
+// lowestFloor is the fastest answer of this window and the previous; 0:
+// none yet.
+func (l *seatLimit) lowestFloor() time.Duration {
+	if l.prevFloor != 0 && (l.floor == 0 || l.prevFloor < l.floor) {
+		return l.prevFloor
+	}
+	return l.floor
+}
+
+// shrink cuts the limit by seatShrink, to no fewer than minWatchOpenSeats,
+// and starts a new round.
+func (l *seatLimit) shrink(now time.Time) {
+	l.limit = max(float64(min(minWatchOpenSeats, l.max)), l.limit*seatShrink)
+	l.changed = now
+	l.roundSum, l.roundN = 0, 0
 	watchOpenSeatsLimit.Set(float64(l.seats()))
 }
 
@@ -90,17 +132,12 @@ func (l *seatLimit) observe(now time.Time, took time.Duration) {
 	if l.roundN < l.seats() {
 		return
 	}
-	floor := l.floor
-	if l.prevFloor != 0 && l.prevFloor < floor {
-		floor = l.prevFloor
-	}
 	mean := l.roundSum / time.Duration(l.roundN)
 	l.roundSum, l.roundN = 0, 0
-	if mean > seatLatencyTolerance*floor+seatLatencySlack {
-		l.limit = max(float64(min(minWatchOpenSeats, l.max)), l.limit*seatShrink)
-		l.changed = now
-	} else {
-		l.limit = min(float64(l.max), l.limit+1)
+	if mean > seatLatencyTolerance*l.lowestFloor()+seatLatencySlack {
+		l.shrink(now)
+		return
 	}
+	l.limit = min(float64(l.max), l.limit+1)
 	watchOpenSeatsLimit.Set(float64(l.seats()))
 }

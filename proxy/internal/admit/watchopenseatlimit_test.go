@@ -79,7 +79,7 @@ func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
 	}
 }
 
-// A shrunk limit doubles after each seatRecovery without a slow round,
+// A shrunk limit doubles after each seatRecovery without a shrink,
 // whether or not opens came meanwhile, back to its most; a slow round
 // restarts the wait.
 func TestSeatLimitRecoversWithTime(t *testing.T) {
@@ -90,24 +90,24 @@ func TestSeatLimitRecoversWithTime(t *testing.T) {
 	if got := rounds(l, &now, 100*time.Millisecond, 3); got[2] != minWatchOpenSeats {
 		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
 	}
-	l.recover(now.Add(seatRecovery / 2))
+	l.recover(now.Add(seatRecovery / 2), time.Time{})
 	if got := l.seats(); got != minWatchOpenSeats {
 		t.Fatalf("half a recovery after the slow round: limit %d, want %d", got, minWatchOpenSeats)
 	}
 	now = now.Add(seatRecovery)
-	l.recover(now)
+	l.recover(now, time.Time{})
 	if got := l.seats(); got != 2*minWatchOpenSeats {
 		t.Fatalf("a recovery after the slow round: limit %d, want %d", got, 2*minWatchOpenSeats)
 	}
 	rounds(l, &now, 100*time.Millisecond, 1)
 	now = now.Add(seatRecovery / 2)
-	l.recover(now)
+	l.recover(now, time.Time{})
 	if got := l.seats(); got != minWatchOpenSeats {
 		t.Fatalf("half a recovery after another slow round: limit %d, want %d", got, minWatchOpenSeats)
 	}
 	for range 10 {
 		now = now.Add(seatRecovery)
-		l.recover(now)
+		l.recover(now, time.Time{})
 	}
 	if got := l.seats(); got != most {
 		t.Fatalf("ten recoveries later: limit %d, want its most %d", got, most)
@@ -166,5 +166,45 @@ func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 	}
 	if got := s.limit.seats(); got != minWatchOpenSeats {
 		t.Fatalf("seats released without an answer changed the limit to %d", got)
+	}
+}
+
+// An open in flight for longer than a slow answer takes shrinks the limit
+// before any round completes, once per limit: a further shrink needs an
+// open given under the shrunk limit to be overdue in turn. While an open
+// is overdue the limit does not recover.
+func TestSeatLimitShrinksForAnOverdueOpen(t *testing.T) {
+	now := time.Now()
+	most := 4 * minWatchOpenSeats
+	l := newSeatLimit(most)
+	rounds(l, &now, time.Millisecond, 1) // floor 1 ms: slow is over 7 ms
+	first := now
+	l.stalled(now.Add(5*time.Millisecond), first)
+	if got := l.seats(); got != most {
+		t.Fatalf("an open 5 ms in flight: limit %d, want %d", got, most)
+	}
+	now = now.Add(100 * time.Millisecond)
+	l.stalled(now, first)
+	if got := l.seats(); got != most/2 {
+		t.Fatalf("an open 100 ms in flight: limit %d, want %d", got, most/2)
+	}
+	l.stalled(now.Add(100*time.Millisecond), first)
+	if got := l.seats(); got != most/2 {
+		t.Fatalf("the same open, given under the limit before: limit %d, want %d", got, most/2)
+	}
+	second := now.Add(time.Millisecond)
+	now = now.Add(seatRecovery + time.Second)
+	l.recover(now, second)
+	if got := l.seats(); got != most/2 {
+		t.Fatalf("a recovery later with an open overdue: limit %d, want %d", got, most/2)
+	}
+	l.stalled(now, second)
+	if got := l.seats(); got != most/4 {
+		t.Fatalf("an open given under the shrunk limit, overdue: limit %d, want %d", got, most/4)
+	}
+	now = now.Add(seatRecovery)
+	l.recover(now, now.Add(-time.Millisecond))
+	if got := l.seats(); got != most/2 {
+		t.Fatalf("a recovery later, the oldest open in flight 1 ms: limit %d, want %d", got, most/2)
 	}
 }

@@ -69,8 +69,9 @@ type watchOpenSeats struct {
 
 	limit *seatLimit // the in flight allowed now; guarded by mu
 
-	mu      sync.Mutex
-	inUse   int                    // guarded by mu
+	mu             sync.Mutex
+	inUse          int       // guarded by mu
+	oldest, newest *openSeat // the seats in flight, in the order given; guarded by mu
 	waiting int                    // guarded by mu
 	tenants map[string]*seatTenant // tenants with opens waiting; guarded by mu
 	ring    []string               // those tenants, in turn order; guarded by mu
@@ -91,8 +92,8 @@ type seatFlow struct{ caller, user string }
 
 // seatWaiter is one waiting open; ready is closed when it is given a seat.
 type seatWaiter struct {
-	ready   chan struct{}
-	granted bool // guarded by watchOpenSeats.mu
+	ready chan struct{}
+	seat  *openSeat // the seat given; guarded by watchOpenSeats.mu
 }
 
 // NewWatchOpenSeats returns the bound of at most seats watch opens in
@@ -111,12 +112,12 @@ func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
 func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
 	if s.inUse >= s.limit.seats() {
-		s.limit.recover(s.clock.Now())
+		s.adapt(s.clock.Now())
 	}
 	if s.inUse < s.limit.seats() && s.waiting == 0 {
-		s.inUse++
+		st = s.grant()
 		s.mu.Unlock()
-		return s.seat(), true
+		return st, true
 	}
 	t := s.tenants[f.Tenant]
 	if s.waiting >= maxWaiting || t != nil && t.waiting >= maxWaitingPerTenant {
@@ -143,15 +144,15 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSea
 	defer timer.Stop()
 	select {
 	case <-w.ready:
-		return s.seat(), true
+		return w.seat, true
 	case <-timer.C():
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w.granted {
+	if w.seat != nil {
 		// Given a seat as it stopped waiting: pass it on.
-		s.inUse--
+		s.takeBack(w.seat)
 		s.dispatch()
 		return nil, false
 	}
@@ -161,14 +162,50 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSea
 
 // openSeat is one seat given to a watch open.
 type openSeat struct {
-	s       *watchOpenSeats
-	granted time.Time
-	once    sync.Once
+	s          *watchOpenSeats
+	granted    time.Time
+	once       sync.Once
+	prev, next *openSeat // in watchOpenSeats' seats in flight; guarded by its mu
 }
 
-// seat returns a seat given now.
-func (s *watchOpenSeats) seat() *openSeat {
-	return &openSeat{s: s, granted: s.clock.Now()}
+// grant gives a seat now, the newest in flight. Needs mu.
+func (s *watchOpenSeats) grant() *openSeat {
+	st := &openSeat{s: s, granted: s.clock.Now(), prev: s.newest}
+	if s.newest != nil {
+		s.newest.next = st
+	} else {
+		s.oldest = st
+	}
+	s.newest = st
+	s.inUse++
+	return st
+}
+
+// takeBack takes st out of the seats in flight. Needs mu.
+func (s *watchOpenSeats) takeBack(st *openSeat) {
+	if st.prev != nil {
+		st.prev.next = st.next
+	} else {
+		s.oldest = st.next
+	}
+	if st.next != nil {
+		st.next.prev = st.prev
+	} else {
+		s.newest = st.prev
+	}
+	st.prev, st.next = nil, nil
+	s.inUse--
+}
+
+// adapt lets the limit shrink for an overdue open in flight, or recover,
+// as of now. Needs mu.
+func (s *watchOpenSeats) adapt(now time.Time) {
+	var oldest time.Time
+	if s.oldest != nil {
+		oldest = s.oldest.granted
+	}
+	s.limit.stalled(now, oldest)
+	s.limit.recover(now, oldest)
 }
 
 // answered gives the seat back once the API server answered the open:
@@ -191,8 +228,8 @@ func (st *openSeat) give(answered bool) {
 		if answered {
 			s.limit.observe(now, now.Sub(st.granted))
 		}
-		s.limit.recover(now)
-		s.inUse--
+		s.takeBack(st)
+		s.adapt(now)
 		s.dispatch()
 	})
 }
@@ -211,9 +248,8 @@ func (s *watchOpenSeats) dispatch() {
 		}
 		key := t.ring[t.next]
 		w := t.flows[key][0]
-		w.granted = true
+		w.seat = s.grant()
 		close(w.ready)
-		s.inUse++
 		t.next++
 		s.next++
 		s.remove(name, key, w)
