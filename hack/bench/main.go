@@ -61,7 +61,7 @@ func main() {
 	flag.StringVar(&c.watchgate, "watchgate", filepath.Join(root, "bin", "watchgate"), "the watchgate binary (make build)")
 	flag.StringVar(&c.benchmarks, "benchmarks", filepath.Join(root, "BENCHMARKS.md"), "file whose marked block receives the table")
 	flag.BoolVar(&c.write, "write", true, "write the table into --benchmarks")
-	flag.IntVar(&c.rounds, "rounds", 20, "rounds; each visits the three paths in a rotated order (1-100)")
+	flag.IntVar(&c.rounds, "rounds", 21, "rounds; in each, every phase (GETs, watch opens, replays) visits the three paths in a rotated order before the next phase (1-100; a multiple of 3 gives each path each place equally often)")
 	flag.IntVar(&c.gets, "gets", 300, "GETs per path per round (1-10000)")
 	flag.IntVar(&c.opens, "opens", 300, "watch opens per path per round (1-10000)")
 	flag.IntVar(&c.replays, "replays", 4, "replays per encoding per path per round (1-100)")

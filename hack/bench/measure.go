@@ -110,10 +110,16 @@ func measureAtRest(ts []*target, res results, d time.Duration) error {
 	return nil
 }
 
-// oneRound is one path's share of a round.
-func oneRound(ctx context.Context, t *target, res results, c config, rvGet string) error {
+// phases are a round's parts, in order; each path takes its turn at one
+// phase before the next phase begins, so that what a path measures follows
+// the same kind of work by another path, not that path's replays (whose
+// garbage the process that ran them collects in the next block's span).
+var phases = []func(ctx context.Context, t *target, res results, c config, rvGet string) error{gets, opens, replays}
+
+// gets is one path's GETs of a round.
+func gets(ctx context.Context, t *target, res results, c config, _ string) error {
 	s := res[t.name]
-	if err := block(t, s, kindGet, func() (int, error) {
+	return block(t, s, kindGet, func() (int, error) {
 		for range c.gets {
 			d, err := t.get(ctx, objectPath(nsGet, "target"))
 			if err != nil {
@@ -122,10 +128,13 @@ func oneRound(ctx context.Context, t *target, res results, c config, rvGet strin
 			s.latencies[kindGet] = append(s.latencies[kindGet], d)
 		}
 		return c.gets, nil
-	}); err != nil {
-		return err
-	}
-	if err := block(t, s, kindOpen, func() (int, error) {
+	})
+}
+
+// opens is one path's watch opens of a round.
+func opens(ctx context.Context, t *target, res results, c config, rvGet string) error {
+	s := res[t.name]
+	return block(t, s, kindOpen, func() (int, error) {
 		for range c.opens {
 			d, err := t.watchOpen(ctx, collectionPath(nsGet), rvGet)
 			if err != nil {
@@ -134,9 +143,12 @@ func oneRound(ctx context.Context, t *target, res results, c config, rvGet strin
 			s.latencies[kindOpen] = append(s.latencies[kindOpen], d)
 		}
 		return c.opens, nil
-	}); err != nil {
-		return err
-	}
+	})
+}
+
+// replays is one path's JSON and protobuf replays of a round.
+func replays(ctx context.Context, t *target, res results, c config, _ string) error {
+	s := res[t.name]
 	for _, enc := range []struct{ kind, accept string }{{kindJSON, mediaJSON}, {kindProtobuf, mediaProto}} {
 		if err := block(t, s, enc.kind, func() (int, error) {
 			total := 0

@@ -118,7 +118,7 @@ func commas(n int64) string {
 func (r report) markdown() string {
 	var b strings.Builder
 	c := r.config
-	fmt.Fprintf(&b, "Command: `%s` (hack/bench: %d rounds, paths interleaved; per path per round %d GETs, %d watch opens, %d JSON and %d protobuf replays; %d idle watches per proxy). Latencies are percentiles over all rounds, events/s the median replay, proxy CPU (the scheduler's ns of all its threads) the median of the rounds' per-unit figures.\n",
+	fmt.Fprintf(&b, "Command: `%s` (hack/bench: %d rounds, paths interleaved phase by phase; per path per round %d GETs, %d watch opens, %d JSON and %d protobuf replays; %d idle watches per proxy). Latencies are percentiles over all rounds, events/s the median replay, proxy CPU (the scheduler's ns of all its threads) the median of the rounds' per-unit figures.\n",
 		r.command, c.rounds, c.gets, c.opens, c.replays, c.replays, c.idle)
 	fmt.Fprintf(&b, "Measured %s (%s) on commit %s; machine: %s.\n\n",
 		r.started.Format("2006-01-02 15:04 UTC"), time.Since(r.started).Round(time.Second), r.commit, r.machine)

@@ -141,10 +141,11 @@ func run(ctx context.Context, c config) error {
 		profiled <- nil
 	}
 	for r := range c.rounds {
-		for i := range targets {
-			t := targets[(r+i)%len(targets)]
-			if err := oneRound(ctx, t, res, c, rvGet); err != nil {
-				return err
+		for _, phase := range phases {
+			for i := range targets {
+				if err := phase(ctx, targets[(r+i)%len(targets)], res, c, rvGet); err != nil {
+					return err
+				}
 			}
 		}
 		fmt.Printf("    round %d/%d done\n", r+1, c.rounds)
