@@ -49,6 +49,9 @@ type Watch struct {
 	verdict     VersionVerdict
 	quietWindow time.Duration
 	quiet       *time.Timer
+	// stopHandOver stops the hand-over AskFor arranges for when the
+	// client leaves; nil: none.
+	stopHandOver func() bool
 	// coalescer, when not nil, learns how long after its 200 a stale watch's
 	// ERROR 410 came (answeredAt), to size the quiet window.
 	coalescer  QuietWindows
@@ -180,6 +183,9 @@ func (ws *Watch) End() {
 	ws.endOnce.Do(func() {
 		if ws.quiet != nil {
 			ws.quiet.Stop()
+		}
+		if ws.stopHandOver != nil {
+			ws.stopHandOver()
 		}
 		ws.releaseSeat(false)
 		ws.handOverVerdict()
@@ -465,8 +471,13 @@ func NewWatch(engine watchEngine, clk clock.PassiveClock, log *sampledlog.Logger
 // AskFor makes ws the watch that asks the API server about its version for
 // the followers of verdict (nil: none), the quiet window sized by
 // coalescer (nil: quietWindow).
+// A client that leaves before the verdict hands over at once: its watch
+// will learn nothing more, and a follower need not wait for its teardown.
 func (ws *Watch) AskFor(verdict VersionVerdict, coalescer QuietWindows, quietWindow time.Duration) {
 	ws.verdict, ws.coalescer, ws.quietWindow = verdict, coalescer, quietWindow
+	if verdict != nil && ws.clientCtx != nil {
+		ws.stopHandOver = context.AfterFunc(ws.clientCtx, ws.handOverVerdict)
+	}
 }
 
 // Streaming reports whether the API server answered a 200 stream, which
