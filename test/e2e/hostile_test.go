@@ -285,7 +285,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	// Quiet: a first start that warms the caches on the way (not
 	// counted), then three starts, each with its control; the slowest is
 	// the quiet time, each half a second after the one before.
-	refill := 500 * time.Millisecond
+	pause := 500 * time.Millisecond
 	var quiet, directQuiet time.Duration
 	for i := range 4 {
 		d, dd, err := both()
@@ -297,7 +297,7 @@ func TestLoadHostileTenant(t *testing.T) {
 		if i > 0 {
 			quiet, directQuiet = max(quiet, d), max(directQuiet, dd)
 		}
-		time.Sleep(refill)
+		time.Sleep(pause)
 	}
 	if _, err := agent.start(); err != nil {
 		t.Fatalf("start before the attack: %v", err)
