@@ -90,7 +90,7 @@ func TestSeatLimitRecoversWithTime(t *testing.T) {
 	if got := rounds(l, &now, 100*time.Millisecond, 3); got[2] != minWatchOpenSeats {
 		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
 	}
-	l.recover(now.Add(seatRecovery / 2), time.Time{})
+	l.recover(now.Add(seatRecovery/2), time.Time{})
 	if got := l.seats(); got != minWatchOpenSeats {
 		t.Fatalf("half a recovery after the slow round: limit %d, want %d", got, minWatchOpenSeats)
 	}

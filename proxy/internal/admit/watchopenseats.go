@@ -70,12 +70,12 @@ type watchOpenSeats struct {
 	limit *seatLimit // the in flight allowed now; guarded by mu
 
 	mu             sync.Mutex
-	inUse          int       // guarded by mu
-	oldest, newest *openSeat // the seats in flight, in the order given; guarded by mu
-	waiting int                    // guarded by mu
-	tenants map[string]*seatTenant // tenants with opens waiting; guarded by mu
-	ring    []string               // those tenants, in turn order; guarded by mu
-	next    int                    // the index in ring whose turn is next; guarded by mu
+	inUse          int                    // guarded by mu
+	oldest, newest *openSeat              // the seats in flight, in the order given; guarded by mu
+	waiting        int                    // guarded by mu
+	tenants        map[string]*seatTenant // tenants with opens waiting; guarded by mu
+	ring           []string               // those tenants, in turn order; guarded by mu
+	next           int                    // the index in ring whose turn is next; guarded by mu
 }
 
 // seatTenant is one tenant's waiting opens, per flow.
