@@ -122,10 +122,16 @@ func TestSeatLimitRecoversWithTime(t *testing.T) {
 func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	s := NewWatchOpenSeats(2*minWatchOpenSeats, clk)
-	alice := guard.FlowOf("alice", "")
+	// Two tenants take turns: one alone holds at most half the seats.
+	alice, bob := guard.FlowOf("alice", ""), guard.FlowOf("bob", "")
+	opened := 0
 	open := func() *openSeat {
 		t.Helper()
-		st, ok := s.acquire(context.Background(), alice)
+		f := alice
+		if opened++; opened%2 == 0 {
+			f = bob
+		}
+		st, ok := s.acquire(context.Background(), f)
 		if !ok {
 			t.Fatal("an open refused with a seat free")
 		}

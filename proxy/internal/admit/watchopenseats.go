@@ -51,7 +51,8 @@ const GuardWatchOpenQueue = "WatchOpenQueue"
 // Priority and Fairness queues requests for its seats: a free seat goes to
 // the next tenant with a waiting open, round robin, and within that
 // tenant to its next flow (caller and impersonated user), round robin;
-// each flow's opens in the order they came. So however many watches one
+// each flow's opens in the order they came; one tenant holds at most half
+// the seats (tenantSeats). So however many watches one
 // tenant opens at once, another tenant's open waits for at most one of its
 // in each round, and the users behind one agent take turns too. How many
 // are in flight at once follows how fast the API server answers them
@@ -71,6 +72,7 @@ type watchOpenSeats struct {
 
 	mu             sync.Mutex
 	inUse          int                    // guarded by mu
+	held           map[string]int         // seats in flight by tenant, those with any; guarded by mu
 	oldest, newest *openSeat              // the seats in flight, in the order given; guarded by mu
 	waiting        int                    // guarded by mu
 	tenants        map[string]*seatTenant // tenants with opens waiting; guarded by mu
@@ -102,7 +104,7 @@ func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
 	if seats <= 0 {
 		return nil
 	}
-	return &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}}
+	return &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}, held: map[string]int{}}
 }
 
 // acquire waits for a seat for a watch open of flow f; ok false when it
@@ -114,8 +116,8 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSea
 	if s.inUse >= s.limit.seats() {
 		s.adapt(s.clock.Now())
 	}
-	if s.inUse < s.limit.seats() && s.waiting == 0 {
-		st = s.grant()
+	if s.inUse < s.limit.seats() && s.waiting == 0 && s.held[f.Tenant] < s.tenantSeats() {
+		st = s.grant(f.Tenant)
 		s.mu.Unlock()
 		return st, true
 	}
@@ -163,14 +165,24 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSea
 // openSeat is one seat given to a watch open.
 type openSeat struct {
 	s          *watchOpenSeats
+	tenant     string
 	granted    time.Time
 	once       sync.Once
 	prev, next *openSeat // in watchOpenSeats' seats in flight; guarded by its mu
 }
 
-// grant gives a seat now, the newest in flight. Needs mu.
-func (s *watchOpenSeats) grant() *openSeat {
-	st := &openSeat{s: s, granted: s.clock.Now(), prev: s.newest}
+// tenantSeats is the most seats one tenant may hold: half the limit, so
+// that whatever one tenant's opens hold (a watch asking for initial state
+// holds its seat while that state streams), another tenant's open finds a
+// seat free or soon freed by its own. Needs mu.
+func (s *watchOpenSeats) tenantSeats() int {
+	return max(1, s.limit.seats()/2)
+}
+
+// grant gives tenant a seat now, the newest in flight. Needs mu.
+func (s *watchOpenSeats) grant(tenant string) *openSeat {
+	s.held[tenant]++
+	st := &openSeat{s: s, tenant: tenant, granted: s.clock.Now(), prev: s.newest}
 	if s.newest != nil {
 		s.newest.next = st
 	} else {
@@ -195,6 +207,11 @@ func (s *watchOpenSeats) takeBack(st *openSeat) {
 	}
 	st.prev, st.next = nil, nil
 	s.inUse--
+	if n := s.held[st.tenant] - 1; n > 0 {
+		s.held[st.tenant] = n
+	} else {
+		delete(s.held, st.tenant)
+	}
 }
 
 // adapt lets the limit shrink for an overdue open in flight, or recover,
@@ -235,20 +252,27 @@ func (st *openSeat) give(answered bool) {
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by
-// flow. Needs mu.
+// flow, passing over the tenants that hold their most (tenantSeats). Needs
+// mu.
 func (s *watchOpenSeats) dispatch() {
-	for s.inUse < s.limit.seats() && s.waiting > 0 {
+	for passed := 0; s.inUse < s.limit.seats() && s.waiting > 0 && passed < len(s.ring); {
 		if s.next >= len(s.ring) {
 			s.next = 0
 		}
 		name := s.ring[s.next]
+		if s.held[name] >= s.tenantSeats() {
+			s.next++
+			passed++
+			continue
+		}
+		passed = 0
 		t := s.tenants[name]
 		if t.next >= len(t.ring) {
 			t.next = 0
 		}
 		key := t.ring[t.next]
 		w := t.flows[key][0]
-		w.seat = s.grant()
+		w.seat = s.grant(name)
 		close(w.ready)
 		t.next++
 		s.next++

@@ -129,3 +129,44 @@ func TestWatchOpenSeatsWaitIsBounded(t *testing.T) {
 		again.release()
 	}
 }
+
+// One tenant holds at most half the seats, however many opens it queued
+// first: another tenant's open gets a seat at once, and a seat the first
+// gives back goes to its own next open.
+func TestWatchOpenSeatsKeepHalfForOtherTenants(t *testing.T) {
+	s := NewWatchOpenSeats(2*minWatchOpenSeats, clocktesting.NewFakeClock(time.Now()))
+	swarm := guard.FlowOf("system:serviceaccount:swarm:a", "")
+	var held []*openSeat
+	for range minWatchOpenSeats {
+		st, ok := s.acquire(context.Background(), swarm)
+		if !ok {
+			t.Fatal("an open refused below its tenant's half")
+		}
+		held = append(held, st)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	more := make(chan *openSeat)
+	go func() {
+		st, _ := s.acquire(ctx, guard.FlowOf("system:serviceaccount:swarm:b", ""))
+		more <- st
+	}()
+	waitQueued(t, s, 1)
+	agent, ok := s.acquire(context.Background(), guard.FlowOf("system:serviceaccount:agents:agent", ""))
+	if !ok {
+		t.Fatal("another tenant's open waited with half the seats free")
+	}
+	agent.release()
+	held[0].release()
+	if st := <-more; st == nil {
+		t.Fatal("the swarm's waiting open got no seat when one of its own came back")
+	} else {
+		st.release()
+	}
+	for _, st := range held[1:] {
+		st.release()
+	}
+	if s.inUse != 0 || len(s.held) != 0 || s.oldest != nil || s.newest != nil {
+		t.Fatalf("left behind: %d in use, held %v", s.inUse, s.held)
+	}
+}
