@@ -83,15 +83,15 @@ func TestLoadHostileSwarm(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Grant(ctx, sa, readWatch("configmaps")); err != nil {
+		if err := e.Grant(ctx, sa, readWatch("configmaps", "secrets")); err != nil {
 			t.Fatal(err)
 		}
 		return sa.Token
 	}
 	victim := account(victimNS, "agent")
 	for i := range victimInformers {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("item-%d", i), Labels: map[string]string{"informer": strconv.Itoa(i)}}}
-		if _, err := e.Clientset.CoreV1().ConfigMaps(victimNS).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("item-%d", i), Labels: map[string]string{"informer": strconv.Itoa(i)}}}
+		if _, err := e.Clientset.CoreV1().Secrets(victimNS).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
