@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/watchgate/watchgate/proxy/internal/upstreamtest"
 )
 
@@ -22,12 +24,7 @@ func TestUpstreamPoolDialsOneConnectionAtATime(t *testing.T) {
 	const watches, streams = 60, 10
 	up, cfg, accepted := upstreamtest.WatchUpstream(t, streams)
 	conns := &ConnectionCount{}
-	_, transport, err := NewTransport(cfg, conns, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := transport.(Transport).normal.(*upstreamPool)
-	t.Cleanup(rt.CloseIdleConnections)
+	rt := testPool(t, cfg, conns)
 	// The first connection, so that its SETTINGS (10 streams) are known.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -81,12 +78,7 @@ func TestUpstreamPoolClosesIdleConnections(t *testing.T) {
 	}
 	up.StartTLS()
 	t.Cleanup(up.Close)
-	_, transport, err := NewTransport(upstreamtest.Trusting(up), &ConnectionCount{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := transport.(Transport).normal.(*upstreamPool)
-	t.Cleanup(pool.CloseIdleConnections)
+	pool := testPool(t, upstreamtest.Trusting(up), &ConnectionCount{})
 	t0 := time.Now()
 	now := t0
 	pool.now = func() time.Time { return now }
@@ -130,12 +122,7 @@ func TestUpstreamPoolDropsBrokenConnectionsAsItSearches(t *testing.T) {
 		<-r.Context().Done()
 	}))
 	t.Cleanup(up.Close)
-	_, transport, err := NewTransport(upstreamtest.Trusting(up), &ConnectionCount{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := transport.(Transport).normal.(*upstreamPool)
-	t.Cleanup(pool.CloseIdleConnections)
+	pool := testPool(t, upstreamtest.Trusting(up), &ConnectionCount{})
 	now := time.Now()
 	pool.now = func() time.Time { return now } // no prune in this test
 	const watches = 50
@@ -155,4 +142,17 @@ func TestUpstreamPoolDropsBrokenConnectionsAsItSearches(t *testing.T) {
 	if held > watches/5 {
 		t.Errorf("the pool holds %d connections after %d watches opened and left one after the other, want the broken ones dropped", held, watches)
 	}
+}
+
+// testPool is the pool of a forwarder to cfg, its connections closed when
+// the test ends.
+func testPool(t *testing.T, cfg *rest.Config, conns *ConnectionCount) *upstreamPool {
+	t.Helper()
+	_, transport, err := NewTransport(cfg, conns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := transport.(Transport).normal.(*upstreamPool)
+	t.Cleanup(pool.CloseIdleConnections)
+	return pool
 }
