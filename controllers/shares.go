@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +26,8 @@ import (
 // Budgets shared by several replicas go through Leases in the replicas'
 // namespace: each replica renews its own demand Lease (named
 // DemandLeasePrefix + its pod name, labelled ShareLabel=ShareLabelDemand)
-// with its engine's Demand in the DemandAnnotation; the leader reads the
+// with its engine's Demand in the DemandAnnotation and the Generation of
+// the allocation it enforces in the AppliedAnnotation; the leader reads the
 // live ones, computes the next ratelimit.Allocation and writes it to the
 // SharesLease's SharesAnnotation; each replica reads that and enforces its
 // fractions (Engine.SetShares).
@@ -36,6 +38,7 @@ const (
 	ShareLabelDemand  = "demand"
 	ShareLabelShares  = "shares"
 	DemandAnnotation  = "watchgate.io/demand"
+	AppliedAnnotation = "watchgate.io/shares-applied"
 	SharesAnnotation  = "watchgate.io/shares"
 )
 
@@ -51,6 +54,9 @@ const (
 	// DefaultShareIdentities is how many identities of each budget get a
 	// share of their own: those of the highest demand.
 	DefaultShareIdentities = 32
+	// shareHistory is how many written allocations the leader keeps to
+	// know what a replica that has not read the newest may enforce.
+	shareHistory = 8
 	// maxShareBytes bounds the JSON a Lease annotation carries (the API
 	// server allows 256 KiB of annotations): beyond it, fewer identities.
 	maxShareBytes = 128 << 10
@@ -64,10 +70,12 @@ type ShareEngine interface {
 
 var _ ShareEngine = (*ratelimit.Engine)(nil)
 
-// ShareReporter runs on every replica. Every Interval it renews its demand
-// Lease with the engine's Demand (writing only when the demand changed or a
-// third of LeaseDuration passed), then reads the SharesLease and, when it
-// changed, makes the engine enforce this replica's fractions.
+// ShareReporter runs on every replica. Every Interval it reads the
+// SharesLease and, when it changed, makes the engine enforce this
+// replica's fractions; then it renews its demand Lease with the engine's
+// Demand and the generation it now enforces (writing only when either
+// changed or a third of LeaseDuration passed), so that the leader learns
+// at once that a shrink is in force.
 //
 // Fail-static: when the API server cannot be reached, or no leader writes
 // the allocation, the replica keeps the fractions it enforces. Before any
@@ -94,11 +102,15 @@ type ShareReporter struct {
 
 	writes atomic.Int64
 
-	lease      *coordinationv1.Lease
-	lastDemand string
-	renewedAt  time.Time
-	sharesRV   string
-	evenN      int
+	lease       *coordinationv1.Lease
+	lastDemand  string
+	lastApplied int64
+	renewedAt   time.Time
+	sharesRV    string
+	evenN       int
+	// applied is the Generation of the allocation the engine enforces:
+	// 0 for an even split.
+	applied int64
 }
 
 // Writes is how many API-server writes the reporter made.
@@ -146,15 +158,15 @@ func (r *ShareReporter) Start(ctx context.Context) error {
 	return nil
 }
 
-// Step reports once and applies the allocation, logging what failed.
+// Step applies the allocation and reports once, logging what failed.
 func (r *ShareReporter) Step(ctx context.Context) {
 	r.defaults()
 	log := logf.FromContext(ctx).WithName("shares")
-	if err := r.report(ctx); err != nil {
-		log.V(1).Info("Cannot report demand; keeping the current shares", "err", err.Error())
-	}
 	if err := r.apply(ctx); err != nil {
 		log.V(1).Info("Cannot read the shares; keeping the current ones", "err", err.Error())
+	}
+	if err := r.report(ctx); err != nil {
+		log.V(1).Info("Cannot report demand", "err", err.Error())
 	}
 }
 
@@ -171,7 +183,7 @@ func (r *ShareReporter) report(ctx context.Context) error {
 		}
 	}
 	demand := marshalBounded(r.MaxIdentities, func(n int) any { return topDemand(d, n) })
-	if demand == r.lastDemand && r.lease != nil && now.Sub(r.renewedAt) < r.LeaseDuration/3 {
+	if demand == r.lastDemand && r.applied == r.lastApplied && r.lease != nil && now.Sub(r.renewedAt) < r.LeaseDuration/3 {
 		return nil
 	}
 	name := DemandLeasePrefix + r.Pod
@@ -194,6 +206,7 @@ func (r *ShareReporter) report(ctx context.Context) error {
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[DemandAnnotation] = demand
+	l.Annotations[AppliedAnnotation] = strconv.FormatInt(r.applied, 10)
 	l.Spec.HolderIdentity = ptr.To(r.Pod)
 	l.Spec.LeaseDurationSeconds = ptr.To(int32(math.Ceil(r.LeaseDuration.Seconds())))
 	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
@@ -208,7 +221,7 @@ func (r *ShareReporter) report(ctx context.Context) error {
 		r.lease = nil // read it again next time
 		return err
 	}
-	r.lease, r.lastDemand, r.renewedAt = l, demand, now
+	r.lease, r.lastDemand, r.lastApplied, r.renewedAt = l, demand, r.applied, now
 	return nil
 }
 
@@ -228,14 +241,14 @@ func (r *ShareReporter) apply(ctx context.Context) error {
 		}
 		s, _ := a.Shares(r.Pod)
 		r.Engine.SetShares(now, s)
-		r.sharesRV, r.evenN = l.ResourceVersion, 0
+		r.sharesRV, r.evenN, r.applied = l.ResourceVersion, 0, a.Generation
 		return nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	// No allocation yet: split evenly over the live replicas.
-	live, err := liveDemand(ctx, r.Reader, r.Namespace, now)
+	live, err := liveDemand(ctx, r.Reader, r.Namespace, now, 0)
 	if err != nil {
 		return err
 	}
@@ -246,19 +259,20 @@ func (r *ShareReporter) apply(ctx context.Context) error {
 	n = max(n, r.Replicas)
 	if n != r.evenN || r.sharesRV != "" {
 		r.Engine.SetShares(now, ratelimit.EqualShares(n))
-		r.evenN, r.sharesRV = n, ""
+		r.evenN, r.sharesRV, r.applied = n, "", 0
 	}
 	return nil
 }
 
 // liveDemand reads the demand Leases of namespace renewed within their
-// duration at now, by replica.
-func liveDemand(ctx context.Context, reader client.Reader, namespace string, now time.Time) (map[string]map[string]ratelimit.Demand, error) {
+// duration at now, by replica. A Lease without the AppliedAnnotation (a
+// replica of an older version) reports newest as applied.
+func liveDemand(ctx context.Context, reader client.Reader, namespace string, now time.Time, newest int64) (map[string]ratelimit.Report, error) {
 	var list coordinationv1.LeaseList
 	if err := reader.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{ShareLabel: ShareLabelDemand}); err != nil {
 		return nil, err
 	}
-	live := map[string]map[string]ratelimit.Demand{}
+	live := map[string]ratelimit.Report{}
 	for i := range list.Items {
 		l := &list.Items[i]
 		s := l.Spec
@@ -266,11 +280,18 @@ func liveDemand(ctx context.Context, reader client.Reader, namespace string, now
 			now.After(s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds)*time.Second)) {
 			continue
 		}
-		var d map[string]ratelimit.Demand
-		if err := json.Unmarshal([]byte(l.Annotations[DemandAnnotation]), &d); err != nil {
-			d = nil // a live replica whose demand is unreadable still counts
+		rep := ratelimit.Report{Replica: *s.HolderIdentity, Applied: newest}
+		if err := json.Unmarshal([]byte(l.Annotations[DemandAnnotation]), &rep.Budgets); err != nil {
+			rep.Budgets = nil // a live replica whose demand is unreadable still counts
 		}
-		live[*s.HolderIdentity] = d
+		if v, ok := l.Annotations[AppliedAnnotation]; ok {
+			if g, err := strconv.ParseInt(v, 10, 64); err == nil {
+				rep.Applied = g
+			} else {
+				rep.Applied = 0 // unreadable: as if it enforced none yet
+			}
+		}
+		live[rep.Replica] = rep
 	}
 	return live, nil
 }
@@ -327,7 +348,11 @@ type ShareAllocator struct {
 
 	writes atomic.Int64
 
-	prev, written *ratelimit.Allocation
+	// history holds the allocations written, oldest first: the last is
+	// in force, and each replica may still enforce any from the one it
+	// applied on.
+	history []*ratelimit.Allocation
+	read    bool
 }
 
 // Writes is how many API-server writes the allocator made.
@@ -355,31 +380,40 @@ func (a *ShareAllocator) defaults() {
 func (a *ShareAllocator) Step(ctx context.Context) error {
 	a.defaults()
 	now := a.Clock.Now()
-	live, err := liveDemand(ctx, a.Reader, a.Namespace, now)
+	if !a.read {
+		// A new leader goes on from what the last one wrote.
+		l, err := a.sharesLease(ctx)
+		if err != nil {
+			return err
+		}
+		var last ratelimit.Allocation
+		if v := l.Annotations[SharesAnnotation]; v != "" && json.Unmarshal([]byte(v), &last) == nil {
+			a.history = []*ratelimit.Allocation{&last}
+		}
+		a.read = true
+	}
+	var newest int64
+	if len(a.history) > 0 {
+		newest = a.history[len(a.history)-1].Generation
+	}
+	live, err := liveDemand(ctx, a.Reader, a.Namespace, now, newest)
 	if err != nil {
 		return err
 	}
 	if len(live) == 0 {
 		return nil
 	}
-	reports := make([]ratelimit.Report, 0, len(live))
-	for replica, d := range live {
-		reports = append(reports, ratelimit.Report{Replica: replica, Budgets: d})
-	}
+	reports := slices.Collect(maps.Values(live))
 	var next *ratelimit.Allocation
 	data := marshalBounded(a.MaxIdentities, func(n int) any {
-		next = ratelimit.Allocate(a.prev, reports, n)
+		next = ratelimit.Allocate(a.history, reports, n)
 		return next
 	})
-	a.prev = next
-	if a.written != nil && !moved(a.written, next) {
+	if len(a.history) > 0 && !moved(a.history[len(a.history)-1], next) {
 		return nil
 	}
-	l := &coordinationv1.Lease{}
-	err = a.Reader.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: SharesLease}, l)
-	if apierrors.IsNotFound(err) {
-		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: a.Namespace, Name: SharesLease}}
-	} else if err != nil {
+	l, err := a.sharesLease(ctx)
+	if err != nil {
 		return err
 	}
 	if l.Labels == nil {
@@ -402,8 +436,21 @@ func (a *ShareAllocator) Step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.written = next
+	a.history = append(a.history, next)
+	if len(a.history) > shareHistory {
+		a.history = slices.Delete(a.history, 0, len(a.history)-shareHistory)
+	}
 	return nil
+}
+
+// sharesLease reads the SharesLease, or returns a new one to create.
+func (a *ShareAllocator) sharesLease(ctx context.Context) (*coordinationv1.Lease, error) {
+	l := &coordinationv1.Lease{}
+	err := a.Reader.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: SharesLease}, l)
+	if apierrors.IsNotFound(err) {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: a.Namespace, Name: SharesLease}}, nil
+	}
+	return l, err
 }
 
 // moved reports whether next differs from prev by its replicas, its

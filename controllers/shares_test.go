@@ -17,13 +17,26 @@ import (
 	"github.com/watchgate/watchgate/ratelimit"
 )
 
-// TestSharesThroughLeases runs the share exchange of three replicas
-// against the real API server, step by step on one fake clock: the
-// reporters' and the leader's rounds are called in turn, as their tickers
-// would, so the test decides what happens between rounds.
-func TestSharesThroughLeases(t *testing.T) {
+// shareBed is three replicas' engines and share reporters, and a leader's
+// allocator, exchanging through the real API server's Leases on one fake
+// clock: the test calls their rounds in turn, as their tickers would, so it
+// decides what happens between rounds. Alice's budget "b" caps her at 30
+// concurrent watches.
+type shareBed struct {
+	t         *testing.T
+	ctx       context.Context
+	ns        string
+	clk       *clocktesting.FakeClock
+	engines   []*ratelimit.Engine
+	reporters []*controllers.ShareReporter
+	leader    *controllers.ShareAllocator
+	// watches[i] are alice's watches open on replica i.
+	watches [][]ratelimit.Watch
+}
+
+func newShareBed(t *testing.T) *shareBed {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	ns := fmt.Sprintf("shares-%d", time.Now().UnixNano())
 	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
@@ -31,58 +44,80 @@ func TestSharesThroughLeases(t *testing.T) {
 	t.Cleanup(func() {
 		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	})
-
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	policy, err := ratelimit.NewPolicy([]ratelimit.Budget{{Name: "b", Limits: ratelimit.Limits{MaxConcurrentWatches: 30}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := []string{"r0", "r1", "r2"}
-	engines := make([]*ratelimit.Engine, 3)
-	reporters := make([]*controllers.ShareReporter, 3)
-	for i, name := range names {
-		engines[i] = ratelimit.NewEngine(ratelimit.Options{Seed: 1})
-		engines[i].SetPolicy(clk.Now(), policy)
-		reporters[i] = &controllers.ShareReporter{Client: admin, Reader: admin, Engine: engines[i], Pod: name, Namespace: ns, Replicas: 3, Clock: clk}
+	b := &shareBed{t: t, ctx: ctx, ns: ns, clk: clk, watches: make([][]ratelimit.Watch, 3),
+		leader: &controllers.ShareAllocator{Client: admin, Reader: admin, Namespace: ns, Pod: "r0", Clock: clk}}
+	for _, name := range []string{"r0", "r1", "r2"} {
+		e := ratelimit.NewEngine(ratelimit.Options{Seed: 1})
+		e.SetPolicy(clk.Now(), policy)
+		b.engines = append(b.engines, e)
+		b.reporters = append(b.reporters, &controllers.ShareReporter{Client: admin, Reader: admin, Engine: e, Pod: name, Namespace: ns, Replicas: 3, Clock: clk})
 	}
-	leader := &controllers.ShareAllocator{Client: admin, Reader: admin, Namespace: ns, Pod: "r0", Clock: clk}
-	// round advances the clock one interval and runs every live reporter,
-	// the leader, and the reporters again (to read what it wrote).
-	round := func(live ...int) {
-		t.Helper()
-		clk.Step(controllers.DefaultShareInterval)
-		for _, i := range live {
-			reporters[i].Step(ctx)
-		}
-		if err := leader.Step(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for _, i := range live {
-			reporters[i].Step(ctx)
+	return b
+}
+
+// round advances the clock one interval and runs every live reporter,
+// the leader, and the reporters again (to read what it wrote).
+func (b *shareBed) round(live ...int) {
+	b.t.Helper()
+	b.clk.Step(controllers.DefaultShareInterval)
+	b.step(live...)
+	b.allocate()
+	b.step(live...)
+}
+
+// step runs the reporters of the replicas listed once.
+func (b *shareBed) step(replicas ...int) {
+	for _, i := range replicas {
+		b.reporters[i].Step(b.ctx)
+	}
+}
+
+// allocate runs the leader once.
+func (b *shareBed) allocate() {
+	b.t.Helper()
+	if err := b.leader.Step(b.ctx); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// open asks replica i for n more watches of alice, and returns how many it
+// admitted.
+func (b *shareBed) open(i, n int) int {
+	got := 0
+	for range n {
+		d := b.engines[i].Decide(b.clk.Now(), &ratelimit.Request{User: "alice", Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "1"})
+		if d.Allowed {
+			got++
+			b.watches[i] = append(b.watches[i], d.Watch)
 		}
 	}
-	// watches[i] are alice's watches open on replica i.
-	watches := make([][]ratelimit.Watch, 3)
-	// open asks replica i for n more watches of alice, and returns how many
-	// it admitted.
-	open := func(i, n int) int {
-		got := 0
-		for range n {
-			d := engines[i].Decide(clk.Now(), &ratelimit.Request{User: "alice", Verb: ratelimit.VerbWatch, Resource: "pods", ResourceVersion: "1"})
-			if d.Allowed {
-				got++
-				watches[i] = append(watches[i], d.Watch)
-			}
-		}
-		return got
+	return got
+}
+
+func (b *shareBed) closeAll(i int) {
+	for _, w := range b.watches[i] {
+		b.engines[i].WatchEnded(b.clk.Now(), w, time.Minute, ratelimit.OutcomeClosed)
 	}
-	closeAll := func(i int) {
-		for _, w := range watches[i] {
-			engines[i].WatchEnded(clk.Now(), w, time.Minute, ratelimit.OutcomeClosed)
-		}
-		watches[i] = nil
-	}
-	total := func() int { return len(watches[0]) + len(watches[1]) + len(watches[2]) }
+	b.watches[i] = nil
+}
+
+func (b *shareBed) open3() [3]int {
+	return [3]int{len(b.watches[0]), len(b.watches[1]), len(b.watches[2])}
+}
+
+func (b *shareBed) total() int { n := b.open3(); return n[0] + n[1] + n[2] }
+
+// TestSharesThroughLeases runs the share exchange of three replicas
+// against the real API server, round by round.
+func TestSharesThroughLeases(t *testing.T) {
+	bed := newShareBed(t)
+	ctx, ns, clk, leader, reporters := bed.ctx, bed.ns, bed.clk, bed.leader, bed.reporters
+	round, open, closeAll, total, watches := bed.round, bed.open, bed.closeAll, bed.total, bed.watches
 
 	// Before any allocation: a third each.
 	round(0, 1, 2)
@@ -97,8 +132,8 @@ func TestSharesThroughLeases(t *testing.T) {
 		t.Fatalf("alice's watches spread over three replicas: %d open in all (%d, %d, %d), want 30 ± 10%%", got, len(watches[0]), len(watches[1]), len(watches[2]))
 	}
 
-	// Its clients all move to r0: its whole budget there within three
-	// rounds (six seconds).
+	// Its clients all move to r0: its whole budget there within four
+	// rounds (eight seconds): r1 and r2 apply their shrink first.
 	closeAll(1)
 	closeAll(2)
 	rounds := 0
@@ -132,6 +167,44 @@ func TestSharesThroughLeases(t *testing.T) {
 		writes += r.Writes()
 	}
 	t.Logf("writes: reporters %d, leader %d, in %v", writes, leader.Writes(), clk.Since(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
+}
+
+// TestSharesWaitForAShrinkToApply: a replica that has not yet read the
+// allocation shrinking its fraction may still admit up to its old one, so
+// the others grow into that only once it reports having applied it.
+func TestSharesWaitForAShrinkToApply(t *testing.T) {
+	bed := newShareBed(t)
+	bed.round(0, 1, 2)
+	// r0 and r1 are saturated at their third; r2 has 4 of its 10.
+	bed.open(0, 15)
+	bed.open(1, 15)
+	bed.open(2, 4)
+	// They report; the leader shrinks r2 and grows r0 and r1. r2 is
+	// slow: it reads nothing for two of the leader's rounds.
+	for range 2 {
+		bed.clk.Step(controllers.DefaultShareInterval)
+		bed.step(0, 1)
+		bed.allocate()
+		bed.step(0, 1)
+		bed.open(0, 15)
+		bed.open(1, 15)
+	}
+	// Meanwhile r2's clients come: it still enforces its third.
+	bed.open(2, 15)
+	if got := bed.total(); got > 30+2 {
+		t.Fatalf("alice's watches while r2 had not applied its shrink: %d open in all (%v), want at most 30 (+2 for rounding)", got, bed.open3())
+	}
+	t.Logf("while r2 lagged: %v", bed.open3())
+	// Once r2 applied its shrink and said so, the others grow.
+	more := 0
+	for range 3 {
+		bed.round(0, 1, 2)
+		more += bed.open(0, 15) + bed.open(1, 15)
+	}
+	if got := bed.total(); got > 30+2 {
+		t.Fatalf("alice's watches after r2 applied: %d open in all (%v), want at most 30 (+2 for rounding)", got, bed.open3())
+	}
+	t.Logf("after r2 applied: %v (%d more on r0 and r1)", bed.open3(), more)
 }
 
 // leaderSees reports whether the allocation in the shares Lease of ns

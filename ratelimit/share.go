@@ -71,16 +71,23 @@ type Demand struct {
 	Held map[string]float64 `json:"held,omitempty"`
 }
 
-// Report is one live replica's demand, by budget name.
+// Report is one live replica's demand, by budget name, and the allocation
+// it enforces.
 type Report struct {
 	Replica string
 	Budgets map[string]Demand
+	// Applied is the Generation of the allocation the replica enforces;
+	// 0 when it has read none (it enforces an even split).
+	Applied int64
 }
 
 // Allocation is what a leader computes from the replicas' reports: for
 // each budget, the identities with a share of their own and their fraction
 // on each replica. Every other identity gets 1/len(Replicas) on each.
 type Allocation struct {
+	// Generation counts the allocations written: each is one more than
+	// the one before it.
+	Generation int64 `json:"generation,omitempty"`
 	// Replicas are the live replicas, sorted; fractions are in this order.
 	Replicas []string `json:"replicas"`
 	// Budgets: budget → user → fraction per replica.
@@ -127,12 +134,13 @@ func EqualShares(n int) *Shares {
 	return &Shares{Others: 1 / float64(n)}
 }
 
-// Allocate computes the next allocation from prev (nil at first) and the
-// live replicas' reports, giving at most maxIdentities identities per
-// budget a share of their own: those of the highest demand on any one
+// Allocate computes the next allocation from the allocations written so
+// far (history, oldest first, the last the one in force; none at first)
+// and the live replicas' reports, giving at most maxIdentities identities
+// per budget a share of their own: those of the highest demand on any one
 // replica. For each such identity, with u_r its use of the whole budget on
-// replica r and s_r its previous fraction there (1/N for a replica or an
-// identity prev did not have):
+// replica r and s_r its fraction there in the last allocation (1/N for a
+// replica or an identity it did not have):
 //
 //	want_r = u_r / TargetUse, and at least Grow·s_r when u_r ≥ SaturatedUse·s_r
 //	         (the replica is saturated)
@@ -140,25 +148,40 @@ func EqualShares(n int) *Shares {
 //	s'_r = want_r / W           when a replica is saturated, or W > 1 (in proportion)
 //	s'_r = want_r + (1 − W)/N   otherwise (the rest split evenly, as headroom)
 //
-// so the fractions always sum to 1, and an identity that moves all its
-// clients to one replica gets its whole budget there in one round; a
-// replica left with 0 still admits one watch (see Shares), and its use
-// then grows its fraction.
-// A replica's open watches are not taken back when its fraction shrinks, so
-// last each replica keeps at least the fraction its open watches hold
-// (Demand.Held), and a saturated one that holds watches its previous
-// fraction, which it fills before it reads the new allocation; the others
-// share only what they leave (keepHeld): a fraction that grows on one
-// replica while another still holds, or still admits, its watches would
-// otherwise let the identity hold more than its cap in all.
+// so the fractions always sum to 1; a replica left with 0 still admits one
+// watch (see Shares), and its use then grows its fraction.
 //
-// Allocate is pure: the caller sets the
-// pace (every 2 s, like KubeGateway's) and decides which replicas are live.
-func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation {
+// Two bounds keep an identity within its whole budget while replicas read
+// allocations at their own pace. A replica's open watches are not taken
+// back when its fraction shrinks, so each replica keeps at least the
+// fraction its open watches hold (Demand.Held), and a saturated one that
+// holds watches its previous fraction, which it fills before it reads the
+// new allocation; the others share only what they leave (keepHeld). And a
+// fraction grows only into what the other replicas can no longer admit: a
+// replica may enforce any allocation from the one it last applied
+// (Report.Applied) to the newest, so until it has applied a shrink it
+// counts at its largest fraction among those (growOnlyIntoAcknowledged).
+// An identity that moves all its clients to one replica therefore gets its
+// whole budget there one allocation after the others applied their
+// shrink.
+//
+// Allocate is pure: the caller sets the pace (every 2 s, like
+// KubeGateway's), decides which replicas are live, and keeps the history.
+// The result's Generation is one more than the last allocation's.
+func Allocate(history []*Allocation, reports []Report, maxIdentities int) *Allocation {
+	history = slices.DeleteFunc(slices.Clone(history), func(a *Allocation) bool { return a == nil })
+	var prev *Allocation
+	if len(history) > 0 {
+		prev = history[len(history)-1]
+	}
 	reports = slices.Clone(reports)
 	slices.SortFunc(reports, func(a, b Report) int { return cmp.Compare(a.Replica, b.Replica) })
 	reports = slices.CompactFunc(reports, func(a, b Report) bool { return a.Replica == b.Replica })
 	next := &Allocation{Replicas: make([]string, len(reports))}
+	if prev != nil {
+		next.Generation = prev.Generation
+	}
+	next.Generation++
 	for i, r := range reports {
 		next.Replicas[i] = r.Replica
 	}
@@ -184,10 +207,35 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 		}
 		return 1 / float64(n)
 	}
+	// The largest fraction replica i may enforce until it reads next;
+	// -1 when that is unknown (it enforces an allocation older than
+	// those kept).
+	mayEnforce := func(budget, user string, i int) float64 {
+		applied := reports[i].Applied
+		f := 0.0
+		switch {
+		case applied <= 0:
+			// An even split.
+			f = 1 / float64(n)
+		case len(history) == 0 || applied < history[0].Generation:
+			return -1
+		}
+		for _, h := range history {
+			if h.Generation >= applied {
+				f = max(f, h.fraction(budget, user, next.Replicas[i]))
+			}
+		}
+		return f
+	}
 
 	budgets := map[string]bool{}
 	for _, r := range reports {
 		for b := range r.Budgets {
+			budgets[b] = true
+		}
+	}
+	for _, h := range history {
+		for b := range h.Budgets {
 			budgets[b] = true
 		}
 	}
@@ -206,6 +254,29 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 			return cmp.Or(cmp.Compare(peak[b], peak[a]), cmp.Compare(a, b))
 		})
 		users = users[:min(len(users), max(maxIdentities, 0))]
+		// An identity named before keeps a share of its own, whatever
+		// its demand, until no replica may enforce more than the even
+		// 1/N it would get without one.
+		if n > 1 {
+			kept := map[string]bool{}
+			for _, u := range users {
+				kept[u] = true
+			}
+			for _, h := range history {
+				for _, user := range slices.Sorted(maps.Keys(h.Budgets[budget])) {
+					if kept[user] {
+						continue
+					}
+					for i := range reports {
+						if f := mayEnforce(budget, user, i); f < 0 || f > 1/float64(n)+1e-9 {
+							users = append(users, user)
+							kept[user] = true
+							break
+						}
+					}
+				}
+			}
+		}
 		if len(users) == 0 {
 			continue
 		}
@@ -254,6 +325,15 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 				}
 			}
 			keepHeld(fs, held)
+			if n > 1 {
+				bound := make([]float64, n)
+				for i := range bound {
+					if bound[i] = mayEnforce(budget, user, i); bound[i] >= 0 {
+						bound[i] = max(bound[i], held[i])
+					}
+				}
+				growOnlyIntoAcknowledged(fs, bound)
+			}
 			ids[user] = fs
 		}
 		if next.Budgets == nil {
@@ -262,6 +342,48 @@ func Allocate(prev *Allocation, reports []Report, maxIdentities int) *Allocation
 		next.Budgets[budget] = ids
 	}
 	return next
+}
+
+// fraction is what a replica enforces of budget for user under a: its own
+// fraction, 1/N for an identity a does not name, 1/(N+1) for a replica it
+// does not name (see Shares).
+func (a *Allocation) fraction(budget, user, replica string) float64 {
+	i, found := slices.BinarySearch(a.Replicas, replica)
+	if !found {
+		return 1 / float64(len(a.Replicas)+1)
+	}
+	if fs, ok := a.Budgets[budget][user]; ok && i < len(fs) {
+		return fs[i]
+	}
+	return 1 / float64(len(a.Replicas))
+}
+
+// growOnlyIntoAcknowledged lowers the fractions that grow, fs[i] >
+// bound[i], so that what all replicas may admit until they read fs — the
+// larger of fs[i] and bound[i] on each — sums to at most 1: the growth is
+// cut in proportion to fit what the bounds leave, and to nothing when they
+// leave nothing. A negative bound is unknown: that replica may admit
+// anything until it reads fs, so nobody grows, and its own fraction
+// becomes 0, which it surely does not exceed.
+func growOnlyIntoAcknowledged(fs, bound []float64) {
+	bounded, growth := 0.0, 0.0
+	for i := range fs {
+		if bound[i] < 0 {
+			fs[i], bound[i] = 0, 1
+		}
+		bounded += bound[i]
+		growth += max(fs[i]-bound[i], 0)
+	}
+	room := max(1-bounded, 0)
+	if growth <= room {
+		return
+	}
+	scale := room / growth
+	for i := range fs {
+		if fs[i] > bound[i] {
+			fs[i] = bound[i] + (fs[i]-bound[i])*scale
+		}
+	}
 }
 
 // keepHeld raises each fraction fs[i] to at least held[i], taking what it

@@ -26,7 +26,8 @@ func sum(fs []float64) float64 {
 
 // TestAllocateTimeline follows one identity's fractions round by round, the
 // leader's clock being the rounds themselves: each round's reports are the
-// use each replica saw under the previous round's fractions.
+// use each replica saw under the previous round's fractions, which every
+// replica applied.
 func TestAllocateTimeline(t *testing.T) {
 	type round struct {
 		// use of the whole budget per replica, in a, b, c order; a
@@ -40,16 +41,22 @@ func TestAllocateTimeline(t *testing.T) {
 			{use: []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, want: []float64{0.333, 0.333, 0.333}},
 			{use: []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, want: []float64{0.333, 0.333, 0.333}},
 		},
-		"clients that move to one replica get the whole budget there in one round": {
+		"clients that move to one replica get the whole budget there once the others shrank": {
+			// b and c shrink first: until they have applied that, a
+			// cannot grow into what they may still admit.
+			{use: []float64{1.0 / 3, 0, 0}, want: []float64{0.333, 0, 0}},
 			{use: []float64{1.0 / 3, 0, 0}, want: []float64{1, 0, 0}},
 			{use: []float64{1, 0, 0}, want: []float64{1, 0, 0}},
 			// Clients come back on b: its one watch and those refused
 			// for the cap are use beyond its share, and it takes some in
-			// proportion.
-			{use: []float64{1, 0.1, 0}, want: []float64{0.909, 0.09, 0}},
-			{use: []float64{0.9, 0.2, 0}, want: []float64{0.818, 0.182, 0}},
+			// proportion, once a shrank.
+			{use: []float64{1, 0.1, 0}, want: []float64{0.909, 0, 0}},
+			{use: []float64{1, 0.1, 0}, want: []float64{0.909, 0.091, 0}},
+			{use: []float64{0.9, 0.2, 0}, want: []float64{0.818, 0.091, 0}},
+			{use: []float64{0.8, 0.2, 0}, want: []float64{0.8, 0.182, 0}},
 		},
 		"light use leaves the rest evenly as headroom": {
+			{use: []float64{0.07, 0.07, 0}, want: []float64{0.333, 0.333, 0.266}},
 			{use: []float64{0.07, 0.07, 0}, want: []float64{0.366, 0.366, 0.266}},
 		},
 		"a replica gone returns its share to the others": {
@@ -57,19 +64,24 @@ func TestAllocateTimeline(t *testing.T) {
 			{use: []float64{1.0 / 3, 1.0 / 3, -1}, want: []float64{0.5, 0.5}},
 		},
 		"use far beyond the budget is bounded": {
+			{use: []float64{1e9, math.NaN(), 0}, want: []float64{0.333, 0, 0}},
 			{use: []float64{1e9, math.NaN(), 0}, want: []float64{1, 0, 0}},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			var prev *Allocation
+			var history []*Allocation
 			for i, r := range rounds {
 				var reports []Report
 				for j, u := range r.use {
 					if u >= 0 || math.IsNaN(u) {
-						reports = append(reports, report(string(rune('a'+j)), u))
+						rep := report(string(rune('a'+j)), u)
+						if len(history) > 0 {
+							rep.Applied = history[len(history)-1].Generation
+						}
+						reports = append(reports, rep)
 					}
 				}
-				next := Allocate(prev, reports, 16)
+				next := Allocate(history, reports, 16)
 				got := next.Budgets["b"]["alice"]
 				if s := sum(got); s > 1+1e-9 {
 					t.Fatalf("round %d: fractions %v sum to %v > 1", i, got, s)
@@ -82,9 +94,71 @@ func TestAllocateTimeline(t *testing.T) {
 						t.Fatalf("round %d: fractions %v, want %v", i, got, r.want)
 					}
 				}
-				prev = next
+				if want := int64(i + 1); next.Generation != want {
+					t.Fatalf("round %d: generation %d, want %d", i, next.Generation, want)
+				}
+				history = append(history, next)
 			}
 		})
+	}
+}
+
+// TestAllocateWaitsForShrinksToApply: replicas read each allocation at
+// their own pace, so at any moment each enforces one of those written
+// since the one it last reported applied. Over random uses and random
+// lags, what the replicas enforce of one identity never sums above its
+// whole budget.
+func TestAllocateWaitsForShrinksToApply(t *testing.T) {
+	for seed := range uint64(5) {
+		rng := rand.New(rand.NewPCG(seed, 4))
+		replicas := []string{"a", "b", "c"}
+		// enforced[i] is the allocation replica i enforces; nil before any
+		// (an even split).
+		enforced := make([]*Allocation, len(replicas))
+		var history []*Allocation
+		check := func(round int, when string) {
+			for _, user := range []string{"p", "q"} {
+				total := 0.0
+				for i, r := range replicas {
+					s := EqualShares(len(replicas))
+					if enforced[i] != nil {
+						s, _ = enforced[i].Shares(r)
+					}
+					total += s.of("b", user)
+				}
+				if total > 1+1e-9 {
+					t.Fatalf("seed %d, round %d, %s: %s's fractions in force sum to %v", seed, round, when, user, total)
+				}
+			}
+		}
+		for round := range 2000 {
+			reports := make([]Report, len(replicas))
+			for i, r := range replicas {
+				reports[i] = Report{Replica: r, Budgets: map[string]Demand{"b": {Identities: map[string]float64{}}}}
+				if enforced[i] != nil {
+					reports[i].Applied = enforced[i].Generation
+				}
+				for _, user := range []string{"p", "q"} {
+					if rng.IntN(3) > 0 {
+						reports[i].Budgets["b"].Identities[user] = rng.Float64() * 1.5
+					}
+				}
+			}
+			next := Allocate(history, reports, 4)
+			history = append(history, next)
+			if len(history) > 8 {
+				history = history[1:]
+			}
+			check(round, "written")
+			// Each replica reads the newest with probability 1/2: the
+			// others keep what they enforce, for rounds maybe.
+			for i := range replicas {
+				if rng.IntN(2) == 0 {
+					enforced[i] = next
+					check(round, "applied")
+				}
+			}
+		}
 	}
 }
 
@@ -93,7 +167,7 @@ func TestAllocateTimeline(t *testing.T) {
 func TestAllocateOneReplicaIsWhole(t *testing.T) {
 	var prev *Allocation
 	for _, u := range []float64{0.07, 0.3, 1, 0.5, 0.0001} {
-		prev = Allocate(prev, []Report{report("a", u)}, 16)
+		prev = Allocate([]*Allocation{prev}, []Report{report("a", u)}, 16)
 		if got := prev.Budgets["b"]["alice"]; len(got) != 1 || got[0] != 1 {
 			t.Fatalf("use %v: fractions %v, want exactly [1]", u, got)
 		}
@@ -152,7 +226,7 @@ func TestAllocateNeverAboveWhole(t *testing.T) {
 			_ = j
 			reports = append(reports, r)
 		}
-		next := Allocate(prev, reports, 3)
+		next := Allocate([]*Allocation{prev}, reports, 3)
 		for user, fs := range next.Budgets["b"] {
 			if len(fs) != len(next.Replicas) {
 				t.Fatalf("round %d: %s has %d fractions for %d replicas", round, user, len(fs), len(next.Replicas))
@@ -252,7 +326,7 @@ func TestAllocateKeepsWhatReplicasHold(t *testing.T) {
 		// b holds its 0.2 and was refused as many again, and more.
 		{Replica: "b", Budgets: map[string]Demand{"b": {Identities: map[string]float64{"alice": 1}, Held: map[string]float64{"alice": 0.2}}}},
 	}
-	got := Allocate(prev, reports, 16).Budgets["b"]["alice"]
+	got := Allocate([]*Allocation{prev}, reports, 16).Budgets["b"]["alice"]
 	// Without the held watches b would get 0.625 and a 0.375 while a holds
 	// 0.6 open: 1.225 of the cap in all.
 	if math.Abs(got[0]-0.6) > 1e-9 || math.Abs(got[1]-0.4) > 1e-9 {
@@ -262,7 +336,7 @@ func TestAllocateKeepsWhatReplicasHold(t *testing.T) {
 	// each keeps its part, none may open more.
 	reports[0].Budgets["b"].Held["alice"] = 0.9
 	reports[1].Budgets["b"].Held["alice"] = 0.3
-	got = Allocate(prev, reports, 16).Budgets["b"]["alice"]
+	got = Allocate([]*Allocation{prev}, reports, 16).Budgets["b"]["alice"]
 	if math.Abs(got[0]-0.75) > 1e-9 || math.Abs(got[1]-0.25) > 1e-9 {
 		t.Fatalf("fractions %v, want [0.75 0.25]", got)
 	}
@@ -271,7 +345,7 @@ func TestAllocateKeepsWhatReplicasHold(t *testing.T) {
 	reports[0].Budgets["b"].Identities["alice"] = 0.59
 	reports[0].Budgets["b"].Held["alice"] = 0.55
 	reports[1].Budgets["b"].Held["alice"] = 0.2
-	got = Allocate(prev, reports, 16).Budgets["b"]["alice"]
+	got = Allocate([]*Allocation{prev}, reports, 16).Budgets["b"]["alice"]
 	if math.Abs(got[0]-0.6) > 1e-9 || math.Abs(got[1]-0.4) > 1e-9 {
 		t.Fatalf("fractions %v, want [0.6 0.4]", got)
 	}
