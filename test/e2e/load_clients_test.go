@@ -163,7 +163,7 @@ func btoi(b bool) int {
 type opening struct {
 	opened  int
 	took    time.Duration // the slowest process's
-	retries int           // requests asked again after an answer that was no decision
+	retries int           // requests asked again, as client-go would (after a Retry-After or a transport error)
 	refused map[string]int
 }
 

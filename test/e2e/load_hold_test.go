@@ -109,7 +109,7 @@ func (h heldReplica) table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| held replica: limit %d MiB, GOMEMLIMIT %d MiB, --max-watches %d | value |\n|---|---|\n", h.limit>>20, h.goMemLimit>>20, h.maxWatches)
 	per := float64(max(1, h.restWatches))
-	fmt.Fprintf(&b, "| watches opened at once / asked | %d / %d in %v (refused: %s; asked again after an error: %d) |\n",
+	fmt.Fprintf(&b, "| watches opened at once / asked | %d / %d in %v (refused: %s; asked again, as client-go would: %d) |\n",
 		h.open.opened, h.asked, h.open.took.Round(time.Millisecond), refusalText(h.open.refused), h.open.retries)
 	fmt.Fprintf(&b, "| held %v, %d (1%%) closed and reopened each second: reopened / refused | %d / %s |\n", h.hold, max(1, h.asked/100), h.reopened, refusalText(h.churnRefused))
 	fmt.Fprintf(&b, "| at rest before the churn: watches, RSS, Go heap in use (after a GC), goroutines, upstream connections | %d, %d MiB, %d MiB, %d, %d |\n",

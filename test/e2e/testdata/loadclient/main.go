@@ -19,10 +19,10 @@
 // on stdout:
 //
 //	open K   opens K watches all at once (at most --in-flight requests at a
-//	         time), each asked for again up to 5 times after an answer
-//	         that is not a decision (see maxRetries); answers "opened <ok>
-//	         <nanoseconds> <retries> <reason>=<n> ...", the refusals by
-//	         X-Watchgate-Decision reason or HTTP status
+//	         time), each asked for again as client-go's rest client does
+//	         (see maxRetries); answers "opened <ok> <nanoseconds> <retries>
+//	         <reason>=<n> ...", the final refusals by X-Watchgate-Decision
+//	         reason or HTTP status
 //	close K  ends the K oldest watches; answers "closed <K> <held>"
 //	lat      answers "lat <events> <errors> <µs> <µs> ...": the latency
 //	         samples since the last lat, and forgets them
@@ -208,10 +208,11 @@ func (c *client) openWatches(k int) string {
 	return b.String()
 }
 
-// maxRetries is how often a watch is asked for again after an answer that
-// is not a decision (a transport error, or a 5xx that watchgate did not
-// refuse with): after its Retry-After (at most 5 s), as client-go does.
-const maxRetries = 5
+// maxRetries is how often a watch is asked for again, as client-go's rest
+// client does by default (10): after a 429 or a 5xx with a Retry-After,
+// that many seconds later (watchgate's own refusals included: client-go
+// does not tell them apart), and after a transport error, a second later.
+const maxRetries = 10
 
 // openOne opens the next watch; it answers why it was refused, or "" once
 // its response headers arrived with 200.
@@ -247,23 +248,21 @@ func (c *client) try(path string) (string, time.Duration) {
 	if resp.StatusCode != http.StatusOK {
 		reason := strconv.Itoa(resp.StatusCode)
 		d := resp.Header.Get(decisionHeader)
-		refused := false
 		if _, r, ok := strings.Cut(d, "reason="); ok {
 			reason, _, _ = strings.Cut(r, ";")
-			refused = true
 		}
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
 		cancel()
 		c.tell(reason, fmt.Sprintf("%s %s: %s", resp.Status, d, body))
-		if refused || resp.StatusCode < 500 {
+		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500 {
 			return reason, 0
 		}
-		wait := time.Second
-		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
-			wait = time.Duration(min(s, 5)) * time.Second
+		s, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if err != nil || s <= 0 {
+			return reason, 0
 		}
-		return reason, wait
+		return reason, time.Duration(s) * time.Second
 	}
 	w := &watch{cancel: cancel}
 	c.mu.Lock()
