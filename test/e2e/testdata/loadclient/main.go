@@ -19,10 +19,11 @@
 // on stdout:
 //
 //	open K   opens K watches all at once (at most --in-flight requests at a
-//	         time), each asked for again as client-go's rest client does
-//	         (see maxRetries); answers "opened <ok> <nanoseconds> <retries>
-//	         <reason>=<n> ...", the final refusals by X-Watchgate-Decision
-//	         reason or HTTP status
+//	         time), each asked for again as an informer's reflector and
+//	         its rest client do (see maxRetries), for at most --open-for;
+//	         answers "opened <ok> <nanoseconds> <retries> <reason>=<n> ...",
+//	         the final refusals by X-Watchgate-Decision reason or HTTP
+//	         status
 //	close K  ends the K oldest watches; answers "closed <K> <held>"
 //	lat      answers "lat <events> <errors> <µs> <µs> ...": the latency
 //	         samples since the last lat, and forgets them
@@ -41,6 +42,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -66,6 +68,7 @@ type client struct {
 	events, errors, serverEnded atomic.Int64
 	told                        sync.Map // refusal reasons logged
 	retried                     atomic.Int64
+	openFor                     time.Duration
 
 	mu   sync.Mutex
 	open []*watch // oldest first
@@ -91,6 +94,7 @@ func main() {
 	connections := flag.Int("connections", 10, "HTTP/2 connections the watches are spread over")
 	flag.IntVar(&c.inFlight, "in-flight", 500, "watch requests awaiting their answer at once")
 	lifetime := flag.Duration("lifetime", time.Hour, "exit after this long whatever happens")
+	flag.DurationVar(&c.openFor, "open-for", 10*time.Minute, "an open command asks for a watch again, after answers that invite it, for at most this long")
 	flag.Parse()
 	tok, err := os.ReadFile(*tokenFile)
 	if err != nil {
@@ -185,7 +189,7 @@ func (c *client) openWatches(k int) string {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if reason := c.openOne(); reason != "" {
+			if reason := c.openOne(start.Add(c.openFor)); reason != "" {
 				rmu.Lock()
 				refused[reason]++
 				rmu.Unlock()
@@ -212,22 +216,46 @@ func (c *client) openWatches(k int) string {
 // client does by default (10): after a 429 or a 5xx with a Retry-After,
 // that many seconds later (watchgate's own refusals included: client-go
 // does not tell them apart), and after a transport error, a second later.
-const maxRetries = 10
+// Past them, the request fails and an informer's reflector asks again
+// after its backoff (reflectorBackoff, doubling up to reflectorMaxBackoff,
+// jittered), with as many retries again.
+const (
+	maxRetries          = 10
+	reflectorBackoff    = 800 * time.Millisecond
+	reflectorMaxBackoff = 30 * time.Second
+)
 
-// openOne opens the next watch; it answers why it was refused, or "" once
-// its response headers arrived with 200.
-func (c *client) openOne() string {
+// openOne opens the next watch, asking again until deadline as a
+// reflector would; it answers why it was refused, or "" once its response
+// headers arrived with 200.
+func (c *client) openOne(deadline time.Time) string {
 	k := c.next.Add(1) - 1
 	g := k % int64(c.groups)
 	path := fmt.Sprintf("%s/api/v1/namespaces/%s%d/configmaps?watch=true&resourceVersion=0&timeoutSeconds=3600&fieldSelector=%s",
 		c.url, c.prefix, g%int64(c.namespaces), url.QueryEscape("metadata.name=g"+strconv.FormatInt(g, 10)))
-	for attempt := 0; ; attempt++ {
-		reason, retryAfter := c.try(path)
-		if retryAfter == 0 || attempt == maxRetries {
+	backoff := reflectorBackoff
+	for {
+		var reason string
+		for attempt := 0; ; attempt++ {
+			var retryAfter time.Duration
+			reason, retryAfter = c.try(path)
+			if retryAfter == 0 {
+				return reason
+			}
+			if attempt == maxRetries || time.Now().Add(retryAfter).After(deadline) {
+				break
+			}
+			c.retried.Add(1)
+			time.Sleep(retryAfter)
+		}
+		// Jittered as wait.Jitter(backoff, 1.0): up to twice as long.
+		wait := backoff + rand.N(backoff)
+		if time.Now().Add(wait).After(deadline) {
 			return reason
 		}
 		c.retried.Add(1)
-		time.Sleep(retryAfter)
+		time.Sleep(wait)
+		backoff = min(2*backoff, reflectorMaxBackoff)
 	}
 }
 
