@@ -119,7 +119,11 @@ func (c *loadClient) do(command string) (string, error) {
 	select {
 	case l, ok := <-line:
 		if !ok {
-			return "", fmt.Errorf("loadclient exited during %q: %w", command, c.out.Err())
+			err := c.out.Err()
+			if err == nil {
+				err = io.EOF // it closed its stdout; its stderr, in the test's log, says why
+			}
+			return "", fmt.Errorf("loadclient exited during %q: %w", command, err)
 		}
 		return l, nil
 	case <-time.After(15 * time.Minute):
