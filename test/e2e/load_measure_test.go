@@ -245,7 +245,7 @@ func sideBySide(runs [3]loadRun, n int) string {
 	text := func(name string, f func(loadRun) string) {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | – | – |\n", name, f(runs[0]), f(runs[1]), f(runs[2]))
 	}
-	text("refused (reason × count); requests asked again after an error or a 5xx that was no decision", func(r loadRun) string {
+	text("refused (reason × count); requests asked again, as an informer would", func(r loadRun) string {
 		return fmt.Sprintf("%s; %d", refusalText(r.open.refused), r.open.retries)
 	})
 	text("upstream connections (watchgate_proxy_upstream_connections; the bare proxy's sockets to the API server)", func(r loadRun) string {
