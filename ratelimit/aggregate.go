@@ -83,7 +83,8 @@ func (e *Engine) chargeAggregate(id *identity, now int64, cfg *Budget) (Reason, 
 }
 
 // refundAggregate gives back the token and slot chargeAggregate took, for
-// a watch its own identity's budget then rejected.
+// a watch its own identity's budget then rejected, or that was not
+// forwarded.
 func (e *Engine) refundAggregate(id *identity) {
 	sh := id.sh
 	sh.mu.Lock()
@@ -91,7 +92,7 @@ func (e *Engine) refundAggregate(id *identity) {
 	id.open--
 	sh.open--
 	if id.watch.limited() {
-		id.watch.tokens = min(id.watch.tokens+1, float64(id.watch.burst))
+		id.watch.giveBack(1)
 	}
 }
 

@@ -85,6 +85,12 @@ func (b *bucket) allowN(now int64, n int) bool {
 	return true
 }
 
+// giveBack returns n tokens taken for something that did not happen, up to
+// the burst.
+func (b *bucket) giveBack(n float64) {
+	b.tokens = min(b.tokens+n, float64(b.burst))
+}
+
 // durationFromTokens is rate.Limit.durationFromTokens for limit > 0.
 func durationFromTokens(tokens, limit float64) time.Duration {
 	d := (tokens / limit) * float64(time.Second)

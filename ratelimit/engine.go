@@ -377,6 +377,7 @@ func (e *Engine) Decide(now time.Time, r *Request) Decision {
 	var w Watch
 	if v.admitted {
 		w = e.watchOf(id, r)
+		w.slot.charged = v.charged
 	}
 	sh.mu.Unlock()
 	if agg != nil && !v.admitted {
@@ -430,6 +431,8 @@ type verdict struct {
 	retryAfter time.Duration
 	// admitted: a watch was allowed and counted as open; it needs a slot.
 	admitted bool
+	// charged: what admitting it took (checkWatch).
+	charged charge
 	// notify: call OnThrottled.
 	notify bool
 }
@@ -453,7 +456,7 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 			v.retryAfter = e.staleHold(id, &req, time.Unix(0, now), cfg.Backoff)
 		}
 	case watch:
-		v.reason, v.retryAfter = e.checkWatch(id, now, r, cfg)
+		v.reason, v.retryAfter, v.charged = e.checkWatch(id, now, r, cfg)
 	case r.Verb == VerbList && cfg.Limits.ListsPerMinutePerResource > 0:
 		v.reason, v.retryAfter = e.checkList(id, now, r, cfg)
 	case r.Verb == VerbList && id.list.limited() && !id.list.allowN(now, 1):
@@ -484,42 +487,48 @@ func (e *Engine) decide(id *identity, now int64, r *Request, cfg *Budget, stale 
 }
 
 // checkWatch runs the checks after the stale version on a watch, in order,
-// at now (UnixNano), and takes its tokens when they all pass. id.sh.mu is
-// held.
-func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (Reason, time.Duration) {
+// at now (UnixNano), and takes its tokens when they all pass, saying which.
+// id.sh.mu is held.
+func (e *Engine) checkWatch(id *identity, now int64, r *Request, cfg *Budget) (Reason, time.Duration, charge) {
 	id.asked = saturatingInc(id.asked)
 	if len(id.backoff) > 0 {
 		req := requestKeyOf(r)
 		if _, st, ok := id.lookup(e.seeds.watchKeyOf(&req)); ok {
 			if wait := st.until - now; wait > 0 {
-				return ReasonBackingOff, time.Duration(wait)
+				return ReasonBackingOff, time.Duration(wait), charge{}
 			}
 		}
 	}
 	if c := id.maxOpen; c > 0 && id.open >= c {
 		id.capped = saturatingInc(id.capped)
-		return ReasonTooManyWatches, TooManyWatchesRetryAfter
+		return ReasonTooManyWatches, TooManyWatchesRetryAfter, charge{}
 	}
 	var rb *bucket
 	if cfg.Limits.ListsPerMinutePerResource > 0 {
 		rb = e.rebuildBucket(id, now, r, cfg)
 		if reason, d := checkRebuild(rb, now); reason != ReasonNone {
-			return reason, d
+			return reason, d, charge{}
 		}
 	}
+	var c charge
 	if id.watch.limited() {
 		n := 1
 		if r.initialState() {
 			n = min(int(cfg.Limits.InitialStateCost), id.watch.burst)
 		}
 		if !id.watch.allowN(now, n) {
-			return ReasonRateLimited, tokenWait(&id.watch, now, n)
+			return ReasonRateLimited, tokenWait(&id.watch, now, n), charge{}
 		}
+		c.tokens = int32(n)
 	}
 	if rb != nil {
 		rb.allowN(now, 1)
+		c.rebuild = chargedResource
+		if rb == &id.resLists.overflow {
+			c.rebuild = chargedOverflow
+		}
 	}
-	return ReasonNone, 0
+	return ReasonNone, 0, c
 }
 
 // WatchEnded releases w's slot and learns from how the watch ended, after
@@ -558,13 +567,19 @@ func (e *Engine) WatchEnded(now time.Time, w Watch, lifetime time.Duration, outc
 	id.open--
 	sh.open--
 	id.touch(now.UnixNano())
+	if outcome == OutcomeNotForwarded {
+		e.giveBack(id, s)
+	}
 	if id != sh.spill && !sh.bs.removed.Load() {
 		e.learn(id, &s.req, now, lifetime, outcome, sh.bs.cfg.Load().Backoff)
 	}
 	sh.mu.Unlock()
 	s.release()
 	slots.Put(s)
-	if w.agg != nil {
+	switch {
+	case w.agg != nil && outcome == OutcomeNotForwarded:
+		e.refundAggregate(w.agg)
+	case w.agg != nil:
 		releaseAggregate(w.agg, now.UnixNano())
 	}
 }

@@ -235,13 +235,16 @@ type slot struct {
 	groups       []string
 	impersonated bool
 	req          requestKey
+	// charged is what admitting the watch took from its identity's
+	// buckets, given back when it is not forwarded.
+	charged charge
 }
 
 // release drops what the slot refers to, before it goes back to the pool.
 func (s *slot) release() {
 	s.owner.Store(nil)
 	s.prev, s.next = nil, nil
-	s.user, s.groups, s.impersonated, s.req = "", nil, false, requestKey{}
+	s.user, s.groups, s.impersonated, s.req, s.charged = "", nil, false, requestKey{}, charge{}
 }
 
 var slots = sync.Pool{New: func() any { return new(slot) }}
@@ -261,8 +264,9 @@ const (
 	// failure nor a success, and nothing is remembered for its key.
 	OutcomeDenied
 	// OutcomeNotForwarded: the watch was admitted but never reached the
-	// API server (the proxy's own guard refused it). Only its slot is
-	// released; nothing is remembered for its key.
+	// API server (the proxy's own guard refused it). Its slot is released
+	// and the tokens admitting it took are given back (see charge);
+	// nothing is remembered for its key.
 	OutcomeNotForwarded
 	// OutcomeThrottled: the API server answered 429 (its own flow
 	// control, or a consistent list its watch cache could not serve in
