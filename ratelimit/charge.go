@@ -10,13 +10,13 @@ type charge struct {
 	rebuild rebuildCharge
 }
 
-// rebuildCharge says which rebuild bucket a watch took its token from.
+// rebuildCharge says which rebuild bucket a watch took its token from; 0:
+// none.
 type rebuildCharge uint8
 
 const (
-	chargedNoRebuild rebuildCharge = iota
 	// chargedResource: the bucket of the watch's resource.
-	chargedResource
+	chargedResource rebuildCharge = iota + 1
 	// chargedOverflow: the identity's overflow bucket.
 	chargedOverflow
 )
