@@ -217,7 +217,9 @@ func Allocate(history []*Allocation, reports []Report, maxIdentities int) *Alloc
 		case applied <= 0:
 			// An even split.
 			f = 1 / float64(n)
-		case len(history) == 0 || applied < history[0].Generation:
+		case len(history) == 0 || applied < history[0].Generation || applied > history[len(history)-1].Generation:
+			// Older than those kept, or one never written (an
+			// annotation edited by hand).
 			return -1
 		}
 		for _, h := range history {

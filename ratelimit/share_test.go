@@ -162,6 +162,19 @@ func TestAllocateWaitsForShrinksToApply(t *testing.T) {
 	}
 }
 
+// TestAllocateDistrustsAGenerationNeverWritten: a replica that reports
+// having applied an allocation the leader never wrote (its Lease edited by
+// hand) may enforce anything: nobody grows into its share.
+func TestAllocateDistrustsAGenerationNeverWritten(t *testing.T) {
+	prev := &Allocation{Generation: 5, Replicas: []string{"a", "b"}, Budgets: map[string]map[string][]float64{"b": {"alice": {0.5, 0.5}}}}
+	reports := []Report{report("a", 1), report("b", 0.01)}
+	reports[0].Applied, reports[1].Applied = 5, 1<<40
+	got := Allocate([]*Allocation{prev}, reports, 16).Budgets["b"]["alice"]
+	if got[0] > 0.5+1e-9 {
+		t.Fatalf("fractions %v: a grew while b claims generation %d", got, int64(1)<<40)
+	}
+}
+
 // TestAllocateOneReplicaIsWhole: a replica alone enforces every budget
 // whole, whatever its use, as without shares.
 func TestAllocateOneReplicaIsWhole(t *testing.T) {
