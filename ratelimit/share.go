@@ -208,8 +208,8 @@ func Allocate(history []*Allocation, reports []Report, maxIdentities int) *Alloc
 		return 1 / float64(n)
 	}
 	// The largest fraction replica i may enforce until it reads next;
-	// -1 when that is unknown (it enforces an allocation older than
-	// those kept).
+	// -1 when that is unknown (it reports an allocation older than those
+	// kept, or one never written).
 	mayEnforce := func(budget, user string, i int) float64 {
 		applied := reports[i].Applied
 		f := 0.0
