@@ -179,8 +179,9 @@ func interleavedEvents(t *testing.T, ctx context.Context, e *apiserver.Env, path
 }
 
 // sideBySide is the table of the side-by-side runs, the bare proxy last,
-// with each watchgate's ratio to it.
-func sideBySide(runs [3]loadRun, n int) string {
+// with each watchgate's ratio to it; the events' rows when there were
+// events.
+func sideBySide(runs [3]loadRun, n int, events bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| %d watches opened at once | %s | %s | %s | ratio %s | ratio %s |\n|---|---|---|---|---|---|\n",
 		n, runs[0].name, runs[1].name, runs[2].name, "(1) ÷ bare", "(2) ÷ bare")
@@ -198,12 +199,7 @@ func sideBySide(runs [3]loadRun, n int) string {
 	}
 	micro := func(v float64) string { return fmt.Sprintf("%.1f µs", v*1e6) }
 	perWatch := func(r loadRun) float64 { return float64(max(1, r.open.opened)) }
-	rows := []struct {
-		name   string
-		val    func(loadRun) float64
-		format func(float64) string
-		ratio  bool
-	}{
+	rows := []sideRow{
 		{"watches held", func(r loadRun) float64 { return float64(r.open.opened) }, count, false},
 		{"time to open them all", func(r loadRun) float64 { return float64(r.open.took) }, dur, true},
 		{"proxy CPU to open, per watch", func(r loadRun) float64 { return r.openCPU / perWatch(r) }, micro, true},
@@ -218,6 +214,8 @@ func sideBySide(runs [3]loadRun, n int) string {
 		}, kib, true},
 		{"goroutines", func(r loadRun) float64 { return float64(r.rest.goroutines) }, count, true},
 		{"CPU at rest (cores)", func(r loadRun) float64 { return r.restCPU }, func(v float64) string { return fmt.Sprintf("%.3f", v) }, false},
+	}
+	eventRows := []sideRow{
 		{"events delivered", func(r loadRun) float64 { return float64(len(r.latencies)) }, count, false},
 		{"delivery latency p50", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.50)) }, lat, true},
 		{"delivery latency p99", func(r loadRun) float64 { return float64(quantile(r.latencies, 0.99)) }, lat, true},
@@ -229,6 +227,9 @@ func sideBySide(runs [3]loadRun, n int) string {
 		{"proxy CPU per event, net of CPU at rest", func(r loadRun) float64 { return r.eventCPU }, micro, true},
 		{"API server CPU per event", func(r loadRun) float64 { return r.apiEventCPU }, micro, true},
 		{"machine CPU busy during the events", func(r loadRun) float64 { return r.eventBusy }, func(v float64) string { return fmt.Sprintf("%.0f%%", v*100) }, false},
+	}
+	if events {
+		rows = append(rows, eventRows...)
 	}
 	for _, row := range rows {
 		bare := row.val(runs[2])
@@ -255,4 +256,13 @@ func sideBySide(runs [3]loadRun, n int) string {
 		return fmt.Sprintf("%d (%d), %d, %d", r.writes, r.writesFailed, r.errorEvents, r.ended)
 	})
 	return b.String()
+}
+
+// sideRow is one row of sideBySide: its name, the figure of a run and its
+// format, and whether a ratio to the bare proxy's means anything.
+type sideRow struct {
+	name   string
+	val    func(loadRun) float64
+	format func(float64) string
+	ratio  bool
 }
