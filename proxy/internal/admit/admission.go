@@ -124,9 +124,10 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 		case c.Verb == ratelimit.VerbWatch:
 			flow := flowOf(r, caller, id)
 			seat := func() {}
-			var give func(answered bool)
+			var st *openSeat
 			if a.Seats != nil {
-				st, ok := a.Seats.acquire(r.Context(), flow)
+				var ok bool
+				st, ok = a.Seats.acquire(r.Context(), flow)
 				if !ok {
 					a.notForwarded(&d, lead)
 					if r.Context().Err() == nil {
@@ -135,10 +136,10 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 					}
 					return
 				}
-				seat, give = st.release, st.give
+				seat = st.Release
 				defer func() {
 					if !watchServed {
-						st.release()
+						st.Release()
 					}
 				}()
 			}
@@ -170,7 +171,7 @@ func WithAdmission(a *Admission, next http.Handler) http.Handler {
 				a.warnGuardOwed(w, caller)
 			}
 			watchServed = true
-			a.serveWatch(w, r, c, &d, start, lead, release, give, next)
+			a.serveWatch(w, r, c, &d, start, lead, release, st, next)
 		case c.Verb == ratelimit.VerbList && a.Guard != nil:
 			a.serveList(w, r, c, caller, next)
 		default:
@@ -305,23 +306,23 @@ func decisionSecondsOf(v ratelimit.Verb) prometheus.Observer {
 // the engine hears of its end, its place in the watch guard goes back
 // (release, when not nil) and its followers, when it leads (lead), are
 // handed over, also when the proxy panics out of the stream
-// (http.ErrAbortHandler). Its seat among the watch opens in flight (give,
+// (http.ErrAbortHandler). Its seat among the watch opens in flight (held,
 // nil: none) goes back as soon as the response's headers are written, or,
 // for a watch that asks for initial state, once that state has passed
 // (relay's HoldSeatUntilInitialized). Under
 // relay.WithRelayAtTop the relay and the end run there, after the filters
 // have returned; otherwise here.
-func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), give func(answered bool), next http.Handler) {
+func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *request.Classification, d *ratelimit.Decision, start time.Time, lead *coalesce.Leader, release func(), held *openSeat, next http.Handler) {
 	st, r := request.StateOf(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	ws := relay.NewWatch(a.Engine, a.Clock, a.Log, c, *d, start, r.Context(), cancel)
 	seat := func() {}
-	if give != nil {
+	if held != nil {
 		if c.AsksInitialState() {
-			ws.HoldSeatUntilInitialized(give, a.InitSeatGap)
+			ws.HoldSeatUntilInitialized(held, a.InitSeatGap)
 		} else {
-			seat = func() { give(true) }
-			defer give(false) // when it was not forwarded
+			seat = held.answered
+			defer held.Release() // when it was not forwarded
 		}
 	}
 	var verdict relay.VersionVerdict

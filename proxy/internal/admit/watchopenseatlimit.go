@@ -13,10 +13,16 @@ const (
 	minWatchOpenSeats = 16
 	// seatLatencyTolerance and seatLatencySlack: a round of opens whose
 	// mean answer time is over tolerance × the floor + slack shrinks the
-	// limit; any other round grows it. The slack keeps the jitter of
-	// answers of a millisecond or two from counting as a slowdown.
+	// limit; any other round grows it. The slack is what a burst costs an
+	// API server that keeps up: it answers a burst's opens one after the
+	// other, so the last waits for those before it. An agent's restart of
+	// 70 watch-lists at once takes 80–100 ms straight to a one-core
+	// kube-apiserver, 100–300 ms beside a hostile tenant's storm; an API
+	// server in trouble answers in seconds (API Priority and Fairness
+	// queues a request for up to 15 s). A smaller slack took every
+	// restart's burst for a slowdown and left the agent 8 opens at a time.
 	seatLatencyTolerance = 2
-	seatLatencySlack     = 5 * time.Millisecond
+	seatLatencySlack     = 500 * time.Millisecond
 	// seatShrink is the factor a slow round shrinks the limit by.
 	seatShrink = 0.5
 	// seatFloorWindow: the floor is the fastest answer of the current
@@ -33,19 +39,21 @@ const (
 // seatLimit is how many watch opens may be in flight upstream, adapted to
 // how fast the API server answers them, as TCP Vegas adapts a window: the
 // answer time (seat given → response headers back) of an API server with
-// spare capacity stays near its floor, and rises as its queues grow. After
-// each round (as many answers as the limit), the limit shrinks by
+// spare capacity stays near its floor, and rises as its queues grow. What
+// a watch's initial state takes to stream after its headers is no answer
+// time: it grows with the collection, not with the API server's queues.
+// After each round (as many answers as the limit), the limit shrinks by
 // seatShrink when the round's mean was over seatLatencyTolerance × the
 // floor + seatLatencySlack, and grows by one otherwise, between
 // minWatchOpenSeats and max. It also shrinks, once per limit, as soon as
-// the oldest open in flight has waited longer than a slow answer takes
-// (stalled): an API server that stops answering shows it before a round
-// completes. It doubles after every seatRecovery without a shrink while
-// no open in flight is overdue (recover). So when another caller's opens saturate
-// the API server the opens in flight fall, and the fair queue in front of
-// them gives every tenant its turn at the smaller number; once the API
-// server keeps up again, within seconds, every tenant has the full number
-// again.
+// the oldest open awaiting its headers has waited longer than a slow
+// answer takes (stalled): an API server that stops answering shows it
+// before a round completes. It doubles after every seatRecovery without a
+// shrink while no open is overdue (recover). So when another caller's
+// opens overload the API server the opens in flight fall, and the fair
+// queue in front of them gives every tenant its turn at the smaller
+// number; once the API server keeps up again, within seconds, every
+// tenant has the full number again.
 //
 // Not safe for concurrent use: watchOpenSeats.mu guards it.
 type seatLimit struct {
@@ -70,8 +78,8 @@ func newSeatLimit(max int) *seatLimit {
 func (l *seatLimit) seats() int { return int(l.limit) }
 
 // recover doubles a limit below its most that nothing changed for
-// seatRecovery, as of now, unless the oldest open in flight (granted then;
-// zero: none) has been waiting longer than a slow answer takes: answers
+// seatRecovery, as of now, unless the oldest open awaiting its headers
+// (granted then; zero: none) has been waiting longer than a slow answer takes: answers
 // that do not come are no sign of a fast API server.
 func (l *seatLimit) recover(now, oldest time.Time) {
 	if l.limit >= float64(l.max) || now.Sub(l.changed) < seatRecovery || l.overdue(now, oldest) {
@@ -82,8 +90,8 @@ func (l *seatLimit) recover(now, oldest time.Time) {
 	watchOpenSeatsLimit.Set(float64(l.seats()))
 }
 
-// stalled shrinks the limit when the oldest open in flight (granted then;
-// zero: none) has been waiting longer than a slow answer takes and was
+// stalled shrinks the limit when the oldest open awaiting its headers
+// (granted then; zero: none) has been waiting longer than a slow answer takes and was
 // granted under the current limit: an API server that stopped answering
 // shows it before a round of answers can, and each limit gets one such
 // shrink, as a TCP window is cut once per round trip.

@@ -12,12 +12,13 @@ import (
 )
 
 // rounds feeds l n rounds of answers of took each, one round after the
-// other from *now, and returns the limit after each.
+// other from *now, a round's opens in flight together, and returns the
+// limit after each.
 func rounds(l *seatLimit, now *time.Time, took time.Duration, n int) []int {
 	var after []int
 	for range n {
+		*now = now.Add(took)
 		for range l.seats() {
-			*now = now.Add(took)
 			l.observe(*now, took)
 		}
 		after = append(after, l.seats())
@@ -40,7 +41,7 @@ func TestSeatLimitFollowsAnswerTime(t *testing.T) {
 	if got := rounds(l, &now, 5*time.Millisecond+seatLatencySlack, 2); got[1] != most {
 		t.Fatalf("answers %v over the floor: limit %v, want %d", seatLatencySlack, got, most)
 	}
-	got := rounds(l, &now, 200*time.Millisecond, 4)
+	got := rounds(l, &now, 2*time.Second, 4)
 	want := []int{2 * minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats, minWatchOpenSeats}
 	for i := range want {
 		if got[i] != want[i] {
@@ -67,7 +68,7 @@ func TestSeatLimitFloorFollowsALastingChange(t *testing.T) {
 	now := time.Now()
 	l := newSeatLimit(2 * minWatchOpenSeats)
 	rounds(l, &now, time.Millisecond, 1)
-	slow := 100 * time.Millisecond
+	slow := 2 * time.Second
 	if got := rounds(l, &now, slow, 3); got[2] != minWatchOpenSeats {
 		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
 	}
@@ -87,7 +88,7 @@ func TestSeatLimitRecoversWithTime(t *testing.T) {
 	most := 4 * minWatchOpenSeats
 	l := newSeatLimit(most)
 	rounds(l, &now, time.Millisecond, 1)
-	if got := rounds(l, &now, 100*time.Millisecond, 3); got[2] != minWatchOpenSeats {
+	if got := rounds(l, &now, 2*time.Second, 3); got[2] != minWatchOpenSeats {
 		t.Fatalf("slow answers: limit %v, want %d", got, minWatchOpenSeats)
 	}
 	l.recover(now.Add(seatRecovery/2), time.Time{})
@@ -99,7 +100,7 @@ func TestSeatLimitRecoversWithTime(t *testing.T) {
 	if got := l.seats(); got != 2*minWatchOpenSeats {
 		t.Fatalf("a recovery after the slow round: limit %d, want %d", got, 2*minWatchOpenSeats)
 	}
-	rounds(l, &now, 100*time.Millisecond, 1)
+	rounds(l, &now, 2*time.Second, 1)
 	now = now.Add(seatRecovery / 2)
 	l.recover(now, time.Time{})
 	if got := l.seats(); got != minWatchOpenSeats {
@@ -165,7 +166,7 @@ func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 	}()
 	waitQueued(t, s, 1)
 	for _, st := range held {
-		st.release() // not answered: the opens did not go upstream
+		st.Release() // not answered: the opens did not go upstream
 	}
 	if !<-got {
 		t.Fatal("the waiting open was refused when a seat came back")
@@ -183,18 +184,18 @@ func TestSeatLimitShrinksForAnOverdueOpen(t *testing.T) {
 	now := time.Now()
 	most := 4 * minWatchOpenSeats
 	l := newSeatLimit(most)
-	rounds(l, &now, time.Millisecond, 1) // floor 1 ms: slow is over 7 ms
+	rounds(l, &now, time.Millisecond, 1) // floor 1 ms: slow is over 502 ms
 	first := now
-	l.stalled(now.Add(5*time.Millisecond), first)
+	l.stalled(now.Add(400*time.Millisecond), first)
 	if got := l.seats(); got != most {
-		t.Fatalf("an open 5 ms in flight: limit %d, want %d", got, most)
+		t.Fatalf("an open 400 ms awaiting its headers: limit %d, want %d", got, most)
 	}
-	now = now.Add(100 * time.Millisecond)
+	now = now.Add(600 * time.Millisecond)
 	l.stalled(now, first)
 	if got := l.seats(); got != most/2 {
-		t.Fatalf("an open 100 ms in flight: limit %d, want %d", got, most/2)
+		t.Fatalf("an open 600 ms awaiting its headers: limit %d, want %d", got, most/2)
 	}
-	l.stalled(now.Add(100*time.Millisecond), first)
+	l.stalled(now.Add(600*time.Millisecond), first)
 	if got := l.seats(); got != most/2 {
 		t.Fatalf("the same open, given under the limit before: limit %d, want %d", got, most/2)
 	}
@@ -209,8 +210,8 @@ func TestSeatLimitShrinksForAnOverdueOpen(t *testing.T) {
 		t.Fatalf("an open given under the shrunk limit, overdue: limit %d, want %d", got, most/4)
 	}
 	now = now.Add(seatRecovery)
-	l.recover(now, now.Add(-time.Millisecond))
+	l.recover(now, now.Add(-100*time.Millisecond))
 	if got := l.seats(); got != most/2 {
-		t.Fatalf("a recovery later, the oldest open in flight 1 ms: limit %d, want %d", got, most/2)
+		t.Fatalf("a recovery later, the oldest open awaiting its headers 100 ms: limit %d, want %d", got, most/2)
 	}
 }

@@ -70,15 +70,19 @@ type watchOpenSeats struct {
 
 	limit *seatLimit // the in flight allowed now; guarded by mu
 
-	mu             sync.Mutex
-	inUse          int                    // guarded by mu
-	held           map[string]int         // seats in flight by tenant, those with any; guarded by mu
-	oldest, newest *openSeat              // the seats in flight, in the order given; guarded by mu
-	waiting        int                    // guarded by mu
-	tenants        map[string]*seatTenant // tenants with opens waiting; guarded by mu
-	ring           []string               // those tenants, in turn order; guarded by mu
-	next           int                    // the index in ring whose turn is next; guarded by mu
+	mu       sync.Mutex
+	inUse    int                    // guarded by mu
+	held     map[string]int         // seats in flight by tenant, those with any; guarded by mu
+	awaiting awaitLine              // the seats whose opens await their headers; guarded by mu
+	waiting  int                    // guarded by mu
+	tenants  map[string]*seatTenant // tenants with opens waiting; guarded by mu
+	ring     []string               // those tenants, in turn order; guarded by mu
+	next     int                    // the index in ring whose turn is next; guarded by mu
 }
+
+// awaitLine is the seats whose opens await their response headers, in
+// the order given, linked through the seats.
+type awaitLine struct{ oldest, newest *openSeat }
 
 // seatTenant is one tenant's waiting opens, per flow.
 type seatTenant struct {
@@ -107,10 +111,11 @@ func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
 	return &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}, held: map[string]int{}}
 }
 
-// acquire waits for a seat for a watch open of flow f; ok false when it
-// was refused (queue full or waited too long) or the client left (ctx).
-// After ok, call the seat's answered once the open's response headers are
-// back, or its release when the open does not go upstream.
+// acquire waits for a seat for a watch open of flow f; ok false when it was refused (queue full or waited too long) or the client
+// left (ctx). After ok, call the seat's Answered once the open's response
+// headers are back, and its Release once it no longer needs the seat
+// (answered: both at once), or only Release when the open does not go
+// upstream.
 func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
 	if s.inUse >= s.limit.seats() {
@@ -168,7 +173,8 @@ type openSeat struct {
 	tenant     string
 	granted    time.Time
 	once       sync.Once
-	prev, next *openSeat // in watchOpenSeats' seats in flight; guarded by its mu
+	headers    bool      // its headers are back (or it was released); guarded by s.mu
+	prev, next *openSeat // in the awaitLine while not answered; guarded by s.mu
 }
 
 // tenantSeats is the most seats one tenant may hold: half the limit, so
@@ -179,33 +185,46 @@ func (s *watchOpenSeats) tenantSeats() int {
 	return max(1, s.limit.seats()/2)
 }
 
-// grant gives tenant a seat now, the newest in flight. Needs mu.
+// grant gives tenant a seat now, the newest awaiting its headers. Needs
+// mu.
 func (s *watchOpenSeats) grant(tenant string) *openSeat {
 	s.held[tenant]++
-	st := &openSeat{s: s, tenant: tenant, granted: s.clock.Now(), prev: s.newest}
-	if s.newest != nil {
-		s.newest.next = st
+	line := &s.awaiting
+	st := &openSeat{s: s, tenant: tenant, granted: s.clock.Now(), prev: line.newest}
+	if line.newest != nil {
+		line.newest.next = st
 	} else {
-		s.oldest = st
+		line.oldest = st
 	}
-	s.newest = st
+	line.newest = st
 	s.inUse++
 	return st
 }
 
-// takeBack takes st out of the seats in flight. Needs mu.
-func (s *watchOpenSeats) takeBack(st *openSeat) {
+// headersBack marks st answered and takes it out of the line of opens
+// awaiting their headers. Needs mu.
+func (s *watchOpenSeats) headersBack(st *openSeat) {
+	if st.headers {
+		return
+	}
+	st.headers = true
+	line := &s.awaiting
 	if st.prev != nil {
 		st.prev.next = st.next
 	} else {
-		s.oldest = st.next
+		line.oldest = st.next
 	}
 	if st.next != nil {
 		st.next.prev = st.prev
 	} else {
-		s.newest = st.prev
+		line.newest = st.prev
 	}
 	st.prev, st.next = nil, nil
+}
+
+// takeBack takes st out of the seats in flight. Needs mu.
+func (s *watchOpenSeats) takeBack(st *openSeat) {
+	s.headersBack(st)
 	s.inUse--
 	if n := s.held[st.tenant] - 1; n > 0 {
 		s.held[st.tenant] = n
@@ -214,41 +233,54 @@ func (s *watchOpenSeats) takeBack(st *openSeat) {
 	}
 }
 
-// adapt lets the limit shrink for an overdue open in flight, or recover,
-// as of now. Needs mu.
+// adapt lets the limit shrink for an overdue open awaiting its headers,
+// or recover, as of now. Needs mu.
 func (s *watchOpenSeats) adapt(now time.Time) {
 	var oldest time.Time
-	if s.oldest != nil {
-		oldest = s.oldest.granted
+	if s.awaiting.oldest != nil {
+		oldest = s.awaiting.oldest.granted
 	}
 	s.limit.stalled(now, oldest)
 	s.limit.recover(now, oldest)
 }
 
-// answered gives the seat back once the API server answered the open:
-// its answer time adapts the limit (seatLimit). Calls after the first
-// answered or release do nothing.
-func (st *openSeat) answered() { st.give(true) }
+// Answered tells the seat that the API server's response headers are
+// back: the time since it was granted is an answer time, which adapts the
+// limit (seatLimit). The open keeps its seat until Release. Calls after
+// the first, or after Release, do nothing.
+func (st *openSeat) Answered() {
+	s := st.s
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.headers {
+		return
+	}
+	s.headersBack(st)
+	s.limit.observe(now, now.Sub(st.granted))
+	s.adapt(now)
+	s.dispatch()
+}
 
-// release gives the seat back without an answer from the API server (the
-// open did not go upstream, or its answer was already counted).
-func (st *openSeat) release() { st.give(false) }
-
-// give gives the seat back: answered, its time since it was granted
-// adapts the limit. Calls after the first do nothing.
-func (st *openSeat) give(answered bool) {
+// Release gives the seat back; without Answered before, the open's time
+// adapts nothing (it did not go upstream, or no answer came). Calls after
+// the first do nothing.
+func (st *openSeat) Release() {
 	st.once.Do(func() {
 		s := st.s
 		now := s.clock.Now()
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if answered {
-			s.limit.observe(now, now.Sub(st.granted))
-		}
 		s.takeBack(st)
 		s.adapt(now)
 		s.dispatch()
 	})
+}
+
+// answered gives the seat back once the API server answered the open.
+func (st *openSeat) answered() {
+	st.Answered()
+	st.Release()
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by

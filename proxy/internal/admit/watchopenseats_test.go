@@ -52,7 +52,7 @@ func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
 				mu.Lock()
 				order = append(order, name)
 				mu.Unlock()
-				release.release()
+				release.Release()
 			})
 			waitQueued(t, s, before+1)
 		}
@@ -62,7 +62,7 @@ func TestWatchOpenSeatsAreSharedByTurns(t *testing.T) {
 	enqueue(guard.FlowOf("system:serviceaccount:swarm:b", ""), "swarm-b", 3)
 	enqueue(guard.FlowOf(agent, "ann"), "ann", 2)
 	enqueue(guard.FlowOf(agent, "bob"), "bob", 1)
-	first.release()
+	first.Release()
 	wg.Wait()
 	want := []string{"swarm-a", "ann", "swarm-b", "bob", "swarm-a", "ann", "swarm-b", "swarm-a", "swarm-b"}
 	if len(order) != len(want) {
@@ -122,11 +122,11 @@ func TestWatchOpenSeatsWaitIsBounded(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	hold.release()
+	hold.Release()
 	if again, ok := s.acquire(context.Background(), guard.FlowOf("dave", "")); !ok {
 		t.Error("no seat after every waiter left and the holder released")
 	} else {
-		again.release()
+		again.Release()
 	}
 }
 
@@ -156,17 +156,72 @@ func TestWatchOpenSeatsKeepHalfForOtherTenants(t *testing.T) {
 	if !ok {
 		t.Fatal("another tenant's open waited with half the seats free")
 	}
-	agent.release()
-	held[0].release()
+	agent.Release()
+	held[0].Release()
 	if st := <-more; st == nil {
 		t.Fatal("the swarm's waiting open got no seat when one of its own came back")
 	} else {
-		st.release()
+		st.Release()
 	}
 	for _, st := range held[1:] {
-		st.release()
+		st.Release()
 	}
-	if s.inUse != 0 || len(s.held) != 0 || s.oldest != nil || s.newest != nil {
+	if s.inUse != 0 || len(s.held) != 0 || s.awaiting != (awaitLine{}) {
+		t.Fatalf("left behind: %d in use, held %v", s.inUse, s.held)
+	}
+}
+
+// A seat whose open has its headers back is no longer awaiting an answer:
+// a watch that holds it while its initial state streams is not overdue,
+// however long that takes, and its Release adds no answer time. Only the
+// time to the headers is one.
+func TestWatchOpenSeatsTimeHeadersNotInitialState(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	most := 2 * minWatchOpenSeats
+	s := NewWatchOpenSeats(most, clk)
+	alice, bob := guard.FlowOf("alice", ""), guard.FlowOf("bob", "")
+	for i := range most {
+		f := alice
+		if i%2 == 1 {
+			f = bob
+		}
+		st, ok := s.acquire(context.Background(), f)
+		if !ok {
+			t.Fatal("an open refused with every seat free")
+		}
+		clk.Step(time.Millisecond)
+		st.answered()
+	}
+	list, ok := s.acquire(context.Background(), alice)
+	if !ok {
+		t.Fatal("a watch-list refused with every seat free")
+	}
+	clk.Step(time.Millisecond)
+	list.Answered()
+	clk.Step(time.Second) // its initial state streams
+	s.mu.Lock()
+	s.adapt(clk.Now())
+	inUse, limit := s.inUse, s.limit.seats()
+	s.mu.Unlock()
+	if inUse != 1 || limit != most {
+		t.Fatalf("a watch-list streaming its state for 1 s: %d in use, limit %d; want 1, %d", inUse, limit, most)
+	}
+	list.Release()
+	if got := s.limit; got.roundN != 1 || got.roundSum != time.Millisecond {
+		t.Fatalf("answer times since the round before: %d summing %v, want the watch-list's 1 of 1ms", got.roundN, got.roundSum)
+	}
+	// An open still awaiting its headers after as long is overdue.
+	st, _ := s.acquire(context.Background(), bob)
+	clk.Step(time.Second)
+	s.mu.Lock()
+	s.adapt(clk.Now())
+	limit = s.limit.seats()
+	s.mu.Unlock()
+	if limit != most/2 {
+		t.Fatalf("an open awaiting its headers for 1 s: limit %d, want %d", limit, most/2)
+	}
+	st.Release()
+	if s.inUse != 0 || len(s.held) != 0 || s.awaiting != (awaitLine{}) {
 		t.Fatalf("left behind: %d in use, held %v", s.inUse, s.held)
 	}
 }

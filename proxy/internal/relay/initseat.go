@@ -22,15 +22,21 @@ const (
 	InitSeatMaxHold = 5 * time.Second
 )
 
+// Seat is a watch open's seat among the watch opens in flight upstream.
+type Seat interface {
+	// Answered: the API server's response headers are back.
+	Answered()
+	// Release gives the seat back, after Answered or without an answer.
+	Release()
+}
+
 // initSeat is the seat among the watch opens in flight upstream that a
 // watch asking for initial state holds until that state has passed, as API
 // Priority and Fairness holds a watch's seat until the watch is
 // initialized: what such a watch costs the API server (a list, its
-// encoding) comes after the response headers. give hands the seat back,
-// answered telling whether the time it was held is an answer time of the
-// API server's.
+// encoding) comes after the response headers.
 type initSeat struct {
-	give     func(answered bool)
+	seat     Seat
 	gapAfter time.Duration
 	once     sync.Once
 	released atomic.Bool
@@ -44,20 +50,29 @@ type initSeat struct {
 	seen      uint64
 }
 
-// HoldSeatUntilInitialized makes the watch give its seat back (give) only
+// HoldSeatUntilInitialized makes the watch tell its seat when the API
+// server's headers are back (Answered), and give it back (Release) only
 // once its initial state has passed: after gap (0: InitSeatGap) to twice
 // that without an event, or at a watch-list's bookmark that ends its
 // initial events, whichever comes first; at most InitSeatMaxHold after its
 // headers, and at once when the API server does not answer it with a
 // stream this proxy reads. Call it before the watch is forwarded.
-func (ws *Watch) HoldSeatUntilInitialized(give func(answered bool), gap time.Duration) {
-	ws.seat = &initSeat{give: give, gapAfter: cmp.Or(gap, InitSeatGap)}
+func (ws *Watch) HoldSeatUntilInitialized(seat Seat, gap time.Duration) {
+	ws.seat = &initSeat{seat: seat, gapAfter: cmp.Or(gap, InitSeatGap)}
+}
+
+// seatAnswered tells the seat, if the watch holds one, that the API
+// server's headers are back.
+func (ws *Watch) seatAnswered() {
+	if ws.seat != nil {
+		ws.seat.seat.Answered()
+	}
 }
 
 // releaseSeat gives the seat back, if the watch holds one.
-func (ws *Watch) releaseSeat(answered bool) {
+func (ws *Watch) releaseSeat() {
 	if ws.seat != nil {
-		ws.seat.release(answered)
+		ws.seat.release()
 	}
 }
 
@@ -70,7 +85,7 @@ func (ws *Watch) startSeatTimers() {
 	if s.released.Load() {
 		return
 	}
-	s.hold = time.AfterFunc(InitSeatMaxHold, func() { s.release(false) })
+	s.hold = time.AfterFunc(InitSeatMaxHold, s.release)
 	s.gap = time.AfterFunc(s.gapAfter, s.gapEnded)
 }
 
@@ -94,11 +109,11 @@ func (s *initSeat) gapEnded() {
 		return
 	}
 	s.mu.Unlock()
-	s.release(true)
+	s.release()
 }
 
 // release gives the seat back, once.
-func (s *initSeat) release(answered bool) {
+func (s *initSeat) release() {
 	s.once.Do(func() {
 		s.released.Store(true)
 		s.mu.Lock()
@@ -109,6 +124,6 @@ func (s *initSeat) release(answered bool) {
 			s.hold.Stop()
 		}
 		s.mu.Unlock()
-		s.give(answered)
+		s.seat.Release()
 	})
 }

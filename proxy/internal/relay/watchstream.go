@@ -114,13 +114,15 @@ func (ws *Watch) UpstreamAnswered(resp *http.Response) {
 		// A watch over WebSocket is relayed, not inspected: it will learn
 		// nothing, so its followers go on.
 		ws.settleVerdict()
-		ws.releaseSeat(true)
+		ws.seatAnswered()
+		ws.releaseSeat()
 		return
 	}
+	ws.seatAnswered()
 	ws.upstreamCode.Store(int32(resp.StatusCode))
 	if resp.StatusCode != http.StatusOK {
 		ws.handOverVerdict()
-		ws.releaseSeat(true)
+		ws.releaseSeat()
 		return
 	}
 	ws.answeredAt = ws.clock.Now()
@@ -130,7 +132,7 @@ func (ws *Watch) UpstreamAnswered(resp *http.Response) {
 	resp.Body = http.NoBody
 	if ws.seat != nil {
 		if ws.body.inspect == nil {
-			ws.releaseSeat(true) // its events go by unseen
+			ws.releaseSeat() // its events go by unseen
 		} else {
 			ws.startSeatTimers()
 		}
@@ -187,7 +189,7 @@ func (ws *Watch) End() {
 		if ws.stopHandOver != nil {
 			ws.stopHandOver()
 		}
-		ws.releaseSeat(false)
+		ws.releaseSeat()
 		ws.handOverVerdict()
 		outcome := ratelimit.OutcomeClosed
 		if b := ws.body; b != nil {
@@ -247,7 +249,7 @@ type watchListEngine interface {
 // initial events goes by.
 func (ws *Watch) SawInitialEventsEnd() {
 	ws.initialEventsEnd.Store(true)
-	ws.releaseSeat(true)
+	ws.releaseSeat()
 }
 
 // settleVerdict releases the followers waiting on this watch's version, if
