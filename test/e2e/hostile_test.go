@@ -286,12 +286,14 @@ func TestLoadHostileTenant(t *testing.T) {
 	pause := 500 * time.Millisecond
 	var quiet, directQuiet time.Duration
 	for i := range 4 {
+		seats := seatSampler(p.statsURL)
 		d, dd, err := both()
+		seatRange := seats()
 		if err != nil {
 			t.Fatalf("quiet start: %v", err)
 		}
 		agent.stop()
-		t.Logf("quiet start %d: %v, straight %v", i, d, dd)
+		t.Logf("quiet start %d: %v, straight %v; the replica's watch-open seat limit %s", i, d, dd, seatRange)
 		if i > 0 {
 			quiet, directQuiet = max(quiet, d), max(directQuiet, dd)
 		}
@@ -365,7 +367,9 @@ func TestLoadHostileTenant(t *testing.T) {
 				return io.ReadAll(resp.Body)
 			})
 		}
+		seats := seatSampler(p.statsURL)
 		d, dd, err := both()
+		seatRange := seats()
 		profiled.Wait()
 		if err != nil {
 			t.Errorf("restart during the attack: %v", err)
@@ -375,7 +379,7 @@ func TestLoadHostileTenant(t *testing.T) {
 		syncs, directSyncs = append(syncs, d), append(directSyncs, dd)
 		t.Logf("restart %d during the attack: synced in %v (straight to kube-apiserver at the same time: %v)", len(syncs), d, dd)
 		apiAfter, _ := e.Metrics(ctx)
-		t.Logf("  CPU while it ran: %s", cpu1.minus(cpu0))
+		t.Logf("  CPU while it ran: %s; the replica's watch-open seat limit %s", cpu1.minus(cpu0), seatRange)
 		t.Logf("  informers synced, through watchgate: %s; straight: %s", spreadOf(agent.each), spreadOf(control.each))
 		t.Logf("  through watchgate: %s", agentTrace.summary(restarted, 3))
 		t.Logf("  straight: %s", controlTrace.summary(restarted, 3))

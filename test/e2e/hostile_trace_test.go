@@ -203,3 +203,43 @@ func counterDelta(after, before map[string]*dto.MetricFamily, family, label stri
 	}
 	return out
 }
+
+// seatSampler reads the replica's watch-open seat limit
+// (watchgate_proxy_watch_open_seats) every 25 ms until stopped, and
+// answers the fewest and the most it saw: whether a slow restart waited
+// on a shrunk limit.
+func seatSampler(url string) (stop func() string) {
+	done := make(chan struct{})
+	var lo, hi float64
+	var seen int
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if fams, err := scrape(url); err == nil {
+				if f := fams["watchgate_proxy_watch_open_seats"]; f != nil && len(f.GetMetric()) > 0 {
+					v := f.GetMetric()[0].GetGauge().GetValue()
+					if seen == 0 || v < lo {
+						lo = v
+					}
+					hi = max(hi, v)
+					seen++
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return func() string {
+		close(done)
+		wg.Wait()
+		if seen == 0 {
+			return "not read"
+		}
+		return fmt.Sprintf("%.0f–%.0f over %d samples", lo, hi, seen)
+	}
+}
