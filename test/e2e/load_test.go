@@ -51,6 +51,10 @@ import (
 //     LOAD_PROFILE_DIR set, heap and goroutine profiles at 10,000 watches
 //     on the way up.
 //
+// LOAD_EVENT_TIME=0 leaves out the events, LOAD_HOLD=0 the held replica;
+// LOAD_APISERVER_GOMEMLIMIT is the API server's and etcd's GOMEMLIMIT. At
+// 100,000 watches on a 24 GiB machine all three are needed (LOAD.md).
+//
 // It prints the tables and, with LOAD_WRITE=path, replaces the part of that
 // file between <!-- load-N:begin --> and <!-- load-N:end -->, N the count
 // of watches (a new block after the last when there is none). Speed is
