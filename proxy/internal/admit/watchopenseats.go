@@ -265,22 +265,28 @@ func (st *openSeat) Answered() {
 // Release gives the seat back; without Answered before, the open's time
 // adapts nothing (it did not go upstream, or no answer came). Calls after
 // the first do nothing.
-func (st *openSeat) Release() {
+func (st *openSeat) Release() { st.give(false) }
+
+// answered gives the seat back once the API server answered the open:
+// Answered and Release at once.
+func (st *openSeat) answered() { st.give(true) }
+
+// give gives the seat back, after taking its time as an answer time when
+// answered and Answered did not. Calls after the first do nothing.
+func (st *openSeat) give(answered bool) {
 	st.once.Do(func() {
 		s := st.s
 		now := s.clock.Now()
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if answered && !st.headers {
+			s.headersBack(st)
+			s.limit.observe(now, now.Sub(st.granted))
+		}
 		s.takeBack(st)
 		s.adapt(now)
 		s.dispatch()
 	})
-}
-
-// answered gives the seat back once the API server answered the open.
-func (st *openSeat) answered() {
-	st.Answered()
-	st.Release()
 }
 
 // dispatch gives free seats to waiting opens, tenant by tenant, flow by
