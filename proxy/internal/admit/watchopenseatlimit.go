@@ -79,8 +79,8 @@ func (l *seatLimit) seats() int { return int(l.limit) }
 
 // recover doubles a limit below its most that nothing changed for
 // seatRecovery, as of now, unless the oldest open awaiting its headers
-// (granted then; zero: none) has been waiting longer than a slow answer takes: answers
-// that do not come are no sign of a fast API server.
+// (granted then; zero: none) has been waiting longer than a slow answer
+// takes: answers that do not come are no sign of a fast API server.
 func (l *seatLimit) recover(now, oldest time.Time) {
 	if l.limit >= float64(l.max) || now.Sub(l.changed) < seatRecovery || l.overdue(now, oldest) {
 		return
@@ -91,10 +91,10 @@ func (l *seatLimit) recover(now, oldest time.Time) {
 }
 
 // stalled shrinks the limit when the oldest open awaiting its headers
-// (granted then; zero: none) has been waiting longer than a slow answer takes and was
-// granted under the current limit: an API server that stopped answering
-// shows it before a round of answers can, and each limit gets one such
-// shrink, as a TCP window is cut once per round trip.
+// (granted then; zero: none) has been waiting longer than a slow answer
+// takes and was granted under the current limit: an API server that
+// stopped answering shows it before a round of answers can, and each
+// limit gets one such shrink, as a TCP window is cut once per round trip.
 func (l *seatLimit) stalled(now, oldest time.Time) {
 	if oldest.Before(l.changed) || !l.overdue(now, oldest) {
 		return

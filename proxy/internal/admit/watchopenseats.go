@@ -13,6 +13,7 @@ import (
 
 	"github.com/watchgate/watchgate/proxy/internal/answer"
 	"github.com/watchgate/watchgate/proxy/internal/guard"
+	"github.com/watchgate/watchgate/proxy/internal/relay"
 )
 
 const (
@@ -111,11 +112,11 @@ func NewWatchOpenSeats(seats int, clk clock.Clock) *watchOpenSeats {
 	return &watchOpenSeats{seats: seats, clock: clk, limit: newSeatLimit(seats), tenants: map[string]*seatTenant{}, held: map[string]int{}}
 }
 
-// acquire waits for a seat for a watch open of flow f; ok false when it was refused (queue full or waited too long) or the client
-// left (ctx). After ok, call the seat's Answered once the open's response
-// headers are back, and its Release once it no longer needs the seat
-// (answered: both at once), or only Release when the open does not go
-// upstream.
+// acquire waits for a seat for a watch open of flow f; ok false when it
+// was refused (queue full or waited too long) or the client left (ctx).
+// After ok, call the seat's Answered once the open's response headers are
+// back, and its Release once it no longer needs the seat (answered: both
+// at once), or only Release when the open does not go upstream.
 func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSeat, ok bool) {
 	s.mu.Lock()
 	if s.inUse >= s.limit.seats() {
@@ -166,6 +167,9 @@ func (s *watchOpenSeats) acquire(ctx context.Context, f guard.Flow) (st *openSea
 	s.remove(f.Tenant, key, w)
 	return nil, false
 }
+
+// A watch asking for initial state holds its seat through relay.
+var _ relay.Seat = (*openSeat)(nil)
 
 // openSeat is one seat given to a watch open.
 type openSeat struct {
