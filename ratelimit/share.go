@@ -207,6 +207,15 @@ func Allocate(history []*Allocation, reports []Report, maxIdentities int) *Alloc
 		}
 		return 1 / float64(n)
 	}
+	// What each replica enforces under each allocation kept, as it
+	// enforces it (Shares).
+	enforces := make([][]*Shares, len(history))
+	for j, h := range history {
+		enforces[j] = make([]*Shares, n)
+		for i, r := range next.Replicas {
+			enforces[j][i], _ = h.Shares(r)
+		}
+	}
 	// The largest fraction replica i may enforce until it reads next;
 	// -1 when that is unknown (it reports an allocation older than those
 	// kept, or one never written).
@@ -222,9 +231,9 @@ func Allocate(history []*Allocation, reports []Report, maxIdentities int) *Alloc
 			// annotation edited by hand).
 			return -1
 		}
-		for _, h := range history {
+		for j, h := range history {
 			if h.Generation >= applied {
-				f = max(f, h.fraction(budget, user, next.Replicas[i]))
+				f = max(f, enforces[j][i].of(budget, user))
 			}
 		}
 		return f
@@ -344,20 +353,6 @@ func Allocate(history []*Allocation, reports []Report, maxIdentities int) *Alloc
 		next.Budgets[budget] = ids
 	}
 	return next
-}
-
-// fraction is what a replica enforces of budget for user under a: its own
-// fraction, 1/N for an identity a does not name, 1/(N+1) for a replica it
-// does not name (see Shares).
-func (a *Allocation) fraction(budget, user, replica string) float64 {
-	i, found := slices.BinarySearch(a.Replicas, replica)
-	if !found {
-		return 1 / float64(len(a.Replicas)+1)
-	}
-	if fs, ok := a.Budgets[budget][user]; ok && i < len(fs) {
-		return fs[i]
-	}
-	return 1 / float64(len(a.Replicas))
 }
 
 // growOnlyIntoAcknowledged lowers the fractions that grow, fs[i] >
