@@ -65,6 +65,13 @@ const victimInformers = 70
 // 6 MiB at the webhook port. Every loop is bounded in count and ends with
 // the attack.
 //
+// It runs twice, each time on a control plane of its own
+// (HOSTILE_ENFORCEMENT names one): DryRun, the chart's budgets as shipped,
+// and Enforce, the same budgets enforcing. A DryRun budget forwards what
+// it would refuse, so as shipped the replica forwards the stale storm as
+// it forwards everything else; the DryRun run leaves that loop out, and
+// the Enforce run, where the replica answers it, runs every loop.
+//
 // Every start of the agent, quiet or under attack, runs beside the same
 // agent straight to kube-apiserver: the control, what the machine and the
 // API server alone cost a sync at that moment. The attacker is a process of
@@ -79,15 +86,34 @@ const victimInformers = 70
 // control's slowdown at the same moments is reported beside it, so that a
 // miss can be told apart from what the machine alone cost at that moment.
 // It prints the table and, with LOAD_WRITE=path, replaces the part
-// of that file between <!-- hostile:begin --> and <!-- hostile:end -->
-// (<!-- hostile-shared:… --> with HOSTILE_CPU=shared).
+// of that file between <!-- hostile-dryrun:begin --> and
+// <!-- hostile-dryrun:end --> (hostile-enforce for Enforce; with
+// HOSTILE_CPU=shared, hostile-dryrun-shared and hostile-enforce-shared).
 func TestLoadHostileTenant(t *testing.T) {
+	modes := []string{"DryRun", "Enforce"}
+	if m := os.Getenv("HOSTILE_ENFORCEMENT"); m != "" {
+		if !slices.Contains(modes, m) {
+			t.Fatalf("HOSTILE_ENFORCEMENT=%s: want DryRun or Enforce", m)
+		}
+		modes = []string{m}
+	}
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) { hostileTenant(t, mode) })
+	}
+}
+
+// hostileTenant is one run of TestLoadHostileTenant with the chart's
+// budgets in enforcement mode (DryRun or Enforce).
+func hostileTenant(t *testing.T, mode string) {
 	attackFor := envDuration("HOSTILE_ATTACK", 60*time.Second)
 	// HOSTILE_LOOPS (comma-separated: own, users, stale, tokens, revoked,
 	// webhook) runs only those loops, to see which one costs what;
 	// HOSTILE_PROFILE=dir writes the CPU profiles of kube-apiserver and
 	// the replica over each restart's first 5 s there.
 	only := os.Getenv("HOSTILE_LOOPS")
+	if only == "" && mode == "DryRun" {
+		only = "own,users,tokens,revoked,webhook" // every loop but stale
+	}
 	cpuMode := cmp.Or(os.Getenv("HOSTILE_CPU"), "own")
 	if cpuMode != "own" && cpuMode != "shared" {
 		t.Fatalf("HOSTILE_CPU=%s: want own or shared", cpuMode)
@@ -208,10 +234,11 @@ func TestLoadHostileTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, webhookPort, _ := net.SplitHostPort(webhookAddr)
+	budgets := budgetsIn(t, chartBudgets(t, root), mode)
 	const limit = 512 << 20
 	goMemLimit := limit * 9 / 10
 	flags := []string{"--tls-cert-file=" + filepath.Join(dir, "tls.crt"), "--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
-		"--webhook-port=" + webhookPort, "--pod-namespace=watchgate-system", chartBudgets(t, root)}
+		"--webhook-port=" + webhookPort, "--pod-namespace=watchgate-system", budgets}
 	profiles := os.Getenv("HOSTILE_PROFILE")
 	pprofAddr := ""
 	if profiles != "" {
@@ -282,16 +309,25 @@ func TestLoadHostileTenant(t *testing.T) {
 
 	// Quiet: a first start that warms the caches on the way (not
 	// counted), then three starts, each with its control; the slowest is
-	// the quiet time, each half a second after the one before.
+	// the quiet time, each half a second after the one before. Enforcing
+	// budgets back off watches that end sooner than their short-watch
+	// time, as an agent's restart loop's do, so there the agent's watches
+	// live past it before every restart, quiet or under attack.
 	pause := 500 * time.Millisecond
+	var live time.Duration
+	if mode == "Enforce" {
+		live = shortWatchOf(t, budgets) + time.Second
+	}
 	var quiet, directQuiet time.Duration
 	for i := range 4 {
 		seats := seatSampler(p.statsURL)
+		started := time.Now()
 		d, dd, err := both()
 		seatRange := seats()
 		if err != nil {
 			t.Fatalf("quiet start: %v", err)
 		}
+		time.Sleep(time.Until(started.Add(live)))
 		agent.stop()
 		t.Logf("quiet start %d: %v, straight %v; the replica's watch-open seat limit %s", i, d, dd, seatRange)
 		if i > 0 {
@@ -302,6 +338,8 @@ func TestLoadHostileTenant(t *testing.T) {
 	if _, err := agent.start(); err != nil {
 		t.Fatalf("start before the attack: %v", err)
 	}
+	firstRestart := 5 * time.Second
+	time.Sleep(live - firstRestart)
 	before, err := scrape(p.statsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -333,7 +371,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	// The victim restarts every 15 s while the attack runs, the first 5 s
 	// in, each time with its control.
 	var syncs, directSyncs []time.Duration
-	for restartAt := attackStart.Add(5 * time.Second); restartAt.Before(attackEnds); restartAt = restartAt.Add(15 * time.Second) {
+	for restartAt := attackStart.Add(firstRestart); restartAt.Before(attackEnds); restartAt = restartAt.Add(15 * time.Second) {
 		time.Sleep(time.Until(restartAt))
 		agent.stop()
 		cpu0 := readCPU(pids)
@@ -452,6 +490,8 @@ func TestLoadHostileTenant(t *testing.T) {
 	}
 	var rows [][2]string
 	row := func(k, v string) { rows = append(rows, [2]string{k, v}); t.Logf("%s: %s", k, v) }
+	row("the chart's budgets", map[string]string{"DryRun": "as shipped (DryRun)", "Enforce": "set to Enforce"}[mode])
+	row("attacker's loops", cmp.Or(only, "every one"))
 	row("attacker's CPU", map[bool]string{true: "its own (CPU 1; everything under test on CPU 0)", false: "shared (nothing pinned)"}[ownCPU])
 	row("victim: sync time quiet (slowest of 3 starts)", quiet.Round(time.Millisecond).String())
 	row("victim: sync time during the attack, each restart", durations(syncs)+" ("+ratios(syncs, quiet)+" quiet)")
@@ -477,7 +517,7 @@ func TestLoadHostileTenant(t *testing.T) {
 	load1 := loadAvg()
 	commit, _ := exec.Command("git", "-C", root, "describe", "--always", "--dirty").Output()
 	var b strings.Builder
-	opts := fmt.Sprintf("HOSTILE_ATTACK=%v HOSTILE_CPU=%s", attackFor, cpuMode)
+	opts := fmt.Sprintf("HOSTILE_ENFORCEMENT=%s HOSTILE_ATTACK=%v HOSTILE_CPU=%s", mode, attackFor, cpuMode)
 	if only != "" {
 		opts += " HOSTILE_LOOPS=" + only
 	}
@@ -489,14 +529,48 @@ func TestLoadHostileTenant(t *testing.T) {
 	}
 	fmt.Println(b.String())
 	if out := os.Getenv("LOAD_WRITE"); out != "" {
-		marker := "hostile"
+		marker := "hostile-" + strings.ToLower(mode)
 		if !ownCPU {
-			marker = "hostile-shared"
+			marker += "-shared"
 		}
 		if err := replaceBetween(out, "<!-- "+marker+":begin -->", "<!-- "+marker+":end -->", b.String()); err != nil {
 			t.Error(err)
 		}
 	}
+}
+
+// budgetsIn returns the --bootstrap-budgets flag with every budget that
+// enforces (DryRun or Enforce) set to mode; Exempt budgets stay exempt.
+func budgetsIn(t *testing.T, flag, mode string) string {
+	t.Helper()
+	for _, m := range []string{"DryRun", "Enforce"} {
+		flag = strings.ReplaceAll(flag, `"enforcement":"`+m+`"`, `"enforcement":"`+mode+`"`)
+	}
+	if !strings.Contains(flag, `"enforcement":"`+mode+`"`) {
+		t.Fatalf("the chart's budgets have no enforcing budget to set to %s: %s", mode, flag)
+	}
+	return flag
+}
+
+// shortWatchOf returns the longest short-watch time (backoff) of the
+// --bootstrap-budgets flag's budgets.
+func shortWatchOf(t *testing.T, flag string) time.Duration {
+	t.Helper()
+	var budgets []struct {
+		Spec struct {
+			Backoff struct {
+				ShortWatchSeconds int `json:"shortWatchSeconds"`
+			} `json:"backoff"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(flag, "--bootstrap-budgets=")), &budgets); err != nil {
+		t.Fatalf("the chart's budgets: %v", err)
+	}
+	longest := 0
+	for _, b := range budgets {
+		longest = max(longest, b.Spec.Backoff.ShortWatchSeconds)
+	}
+	return time.Duration(longest) * time.Second
 }
 
 // victimAgent is a routed agent's informers, started and stopped as a
