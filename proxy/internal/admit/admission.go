@@ -321,7 +321,7 @@ func (a *Admission) serveWatch(w http.ResponseWriter, r *http.Request, c *reques
 		if c.AsksInitialState() {
 			ws.HoldSeatUntilInitialized(held, a.InitSeatGap)
 		} else {
-			seat = held.answered
+			seat = held.releaseAnswered
 			defer held.Release() // when it was not forwarded
 		}
 	}

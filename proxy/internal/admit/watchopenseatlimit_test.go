@@ -142,7 +142,7 @@ func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 	for range 2 * minWatchOpenSeats {
 		st := open()
 		clk.Step(time.Millisecond)
-		st.answered()
+		st.releaseAnswered()
 	}
 	var held []*openSeat
 	for range 2 * minWatchOpenSeats {
@@ -150,7 +150,7 @@ func TestWatchOpenSeatsShrinkWithSlowAnswers(t *testing.T) {
 	}
 	clk.Step(time.Second)
 	for _, st := range held {
-		st.answered()
+		st.releaseAnswered()
 	}
 	if got := s.limit.seats(); got != minWatchOpenSeats {
 		t.Fatalf("after a slow round the limit is %d, want %d", got, minWatchOpenSeats)

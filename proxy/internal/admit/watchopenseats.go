@@ -271,9 +271,9 @@ func (st *openSeat) Answered() {
 // the first do nothing.
 func (st *openSeat) Release() { st.give(false) }
 
-// answered gives the seat back once the API server answered the open:
+// releaseAnswered gives the seat back once the API server answered the open:
 // Answered and Release at once.
-func (st *openSeat) answered() { st.give(true) }
+func (st *openSeat) releaseAnswered() { st.give(true) }
 
 // give gives the seat back, after taking its time as an answer time when
 // answered and Answered did not. Calls after the first do nothing.

@@ -190,7 +190,7 @@ func TestWatchOpenSeatsTimeHeadersNotInitialState(t *testing.T) {
 			t.Fatal("an open refused with every seat free")
 		}
 		clk.Step(time.Millisecond)
-		st.answered()
+		st.releaseAnswered()
 	}
 	list, ok := s.acquire(context.Background(), alice)
 	if !ok {
