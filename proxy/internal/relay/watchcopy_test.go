@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -166,4 +167,29 @@ func (s *readerStream) waitByte() (byte, bool, error) {
 func (s *readerStream) readAfter(p []byte) (int, error) {
 	n, err := s.Read(p[1:])
 	return n + 1, err
+}
+
+// TestMustAbort: a broken relay aborts the client's stream only while the
+// client is there to see it, and only under an http.Server.
+func TestMustAbort(t *testing.T) {
+	served := context.WithValue(context.Background(), http.ServerContextKey, &http.Server{})
+	left, leave := context.WithCancel(served)
+	leave()
+	broken := errors.New("upstream stream broke")
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"broken, client there", served, broken, true},
+		{"broken, client left", left, broken, false},
+		{"ended cleanly", served, nil, false},
+		{"broken, no http.Server (a test's handler)", context.Background(), broken, false},
+	} {
+		r, _ := http.NewRequestWithContext(tc.ctx, http.MethodGet, "/", nil)
+		if got := mustAbort(tc.err, r); got != tc.want {
+			t.Errorf("%s: mustAbort = %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }

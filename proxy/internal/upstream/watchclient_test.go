@@ -84,6 +84,8 @@ func TestWatchClientHeadersAndBody(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header()["x-lower"] = []string{"a", "b"}
+		w.Header()["Warning"] = []string{`299 - "one"`, `299 - "two"`}
+		w.Header().Set("Audit-Id", "42")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush() // no Content-Length
 		_, _ = w.Write(zipped.Bytes())
@@ -129,6 +131,13 @@ func TestWatchClientHeadersAndBody(t *testing.T) {
 	}
 	if g := strings.Join(resp.Header.Values("X-Lower"), ","); g != "a,b" || resp.Header.Get("Content-Encoding") != "gzip" {
 		t.Errorf("response header %v, want X-Lower a,b and Content-Encoding gzip", resp.Header)
+	}
+	// Names the client knows and names it does not, one value or more:
+	// a second value never lands in another header's place.
+	for k, want := range map[string]string{"Warning": `299 - "one"|299 - "two"`, "Audit-Id": "42", "Content-Type": "application/json"} {
+		if g := strings.Join(resp.Header[k], "|"); g != want {
+			t.Errorf("response header %s %q, want %q (all: %v)", k, g, want, resp.Header)
+		}
 	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || !bytes.Equal(body, zipped.Bytes()) {

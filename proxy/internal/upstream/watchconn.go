@@ -529,9 +529,19 @@ func (cc *watchConn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	regular := f.RegularFields()
 	header := make(http.Header, len(regular))
+	// One backing array for the values, as x/net's transport does: most
+	// fields are a header's only value.
+	values := make([]string, len(regular))
 	for _, hf := range regular {
-		key := http.CanonicalHeaderKey(hf.Name)
-		header[key] = append(header[key], hf.Value)
+		key := canonicalResponseHeader(hf.Name)
+		if vv := header[key]; vv != nil {
+			header[key] = append(vv, hf.Value)
+			continue
+		}
+		vv := values[:1:1]
+		values = values[1:]
+		vv[0] = hf.Value
+		header[key] = vv
 	}
 	contentLength := int64(-1)
 	if vv := header["Content-Length"]; len(vv) == 1 {
@@ -683,4 +693,30 @@ func encodeWatchRequestHeaders(enc *hpack.Encoder, req *http.Request) error {
 		field("user-agent", "Go-http-client/2.0")
 	}
 	return nil
+}
+
+// responseHeaders maps the lower-case names of the headers kube-apiserver
+// answers a watch with to their canonical form, so that reading a
+// response's headers does not build each name again. It is fixed: a name
+// it does not hold is canonicalised as net/http does.
+var responseHeaders = func() map[string]string {
+	names := []string{
+		"audit-id", "cache-control", "content-encoding", "content-length", "content-type", "date",
+		"retry-after", "transfer-encoding", "vary", "warning", "x-content-type-options",
+		"x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid",
+	}
+	m := make(map[string]string, len(names))
+	for _, n := range names {
+		m[n] = http.CanonicalHeaderKey(n)
+	}
+	return m
+}()
+
+// canonicalResponseHeader is http.CanonicalHeaderKey(name), without
+// building the names kube-apiserver sends on every watch.
+func canonicalResponseHeader(name string) string {
+	if c, ok := responseHeaders[name]; ok {
+		return c
+	}
+	return http.CanonicalHeaderKey(name)
 }
