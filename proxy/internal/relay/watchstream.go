@@ -226,16 +226,16 @@ func (ws *Watch) End() {
 		now := ws.clock.Now()
 		ws.watchListEnded(now, code)
 		ws.engine.WatchEnded(now, ws.decision.Watch, now.Sub(ws.started), outcome)
-		label := "closed"
+		ended := closedWatches
 		switch outcome {
 		case ratelimit.OutcomeError:
-			label = "error"
+			ended = failedWatches
 		case ratelimit.OutcomeDenied:
-			label = "denied"
+			ended = deniedWatches
 		case ratelimit.OutcomeThrottled:
-			label = "throttled"
+			ended = throttledWatches
 		}
-		watchesEnded.WithLabelValues(label).Inc()
+		ended.Inc()
 	})
 }
 
@@ -512,6 +512,14 @@ var (
 		Name: "watchgate_proxy_watches_ended_total",
 		Help: "Forwarded watches that ended, by outcome (closed, error, denied: the API server answered 401 or 403, throttled: it answered 429).",
 	}, []string{"outcome"})
+)
+
+// watchesEnded's children, looked up once rather than at every watch's end.
+var (
+	closedWatches    = watchesEnded.WithLabelValues("closed")
+	failedWatches    = watchesEnded.WithLabelValues("error")
+	deniedWatches    = watchesEnded.WithLabelValues("denied")
+	throttledWatches = watchesEnded.WithLabelValues("throttled")
 )
 
 func init() { metrics.Registry.MustRegister(staleVersionsLearned, watchesEnded) }
