@@ -56,7 +56,7 @@ func WithAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 			answer.WriteStatus(w, r, apierrors.NewUnauthorized("Unauthorized"))
 			return
 		}
-		ctx := review.WithRequester(r.Context(), clientPrefix(r))
+		ctx := review.WithRequesterOf(r.Context(), clientPrefix(r.RemoteAddr))
 		resp, ok, err := auth.AuthenticateToken(ctx, token)
 		switch {
 		case err != nil:
@@ -80,14 +80,16 @@ func WithAuthentication(auth authenticator.Token, policy review.FailurePolicy, l
 	})
 }
 
-// clientPrefix is the network the request came from, the requester of its
-// TokenReviews: the client address's IPv4 /24 or IPv6 /64, so that the
-// addresses of one network (pods of a node, clients behind one SNAT, an
-// IPv6 /64 handed to one host) share one review bucket rather than take
-// one each. Forwarding headers are not trusted. The key is at most a
-// prefix's text, whatever RemoteAddr holds.
-func clientPrefix(r *http.Request) string {
-	return NetworkOf(r.RemoteAddr)
+// clientPrefix works out the network the request from remoteAddr came
+// from, the requester of its TokenReviews: the client address's IPv4 /24
+// or IPv6 /64, so that the addresses of one network (pods of a node,
+// clients behind one SNAT, an IPv6 /64 handed to one host) share one
+// review bucket rather than take one each. Forwarding headers are not
+// trusted. The key is at most a prefix's text, whatever RemoteAddr holds.
+// It is worked out only when a review or a lookup spends budget
+// (review.WithRequesterOf), not for the requests a cache answers.
+func clientPrefix(remoteAddr string) func() string {
+	return func() string { return NetworkOf(remoteAddr) }
 }
 
 // NetworkOf is the IPv4 /24 or IPv6 /64 of remoteAddr (host:port, or a

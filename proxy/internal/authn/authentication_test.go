@@ -223,8 +223,8 @@ func TestClientPrefix(t *testing.T) {
 		"[fe80::1%eth0]:80":         "fe80::/64",
 		"not an address":            "not an address",
 	} {
-		if got := clientPrefix(&http.Request{RemoteAddr: addr}); got != want {
-			t.Errorf("clientPrefix(%q) = %q, want %q", addr, got, want)
+		if got := review.RequesterFrom(review.WithRequesterOf(context.Background(), clientPrefix(addr))); got != want {
+			t.Errorf("the requester of a request from %q is %q, want %q", addr, got, want)
 		}
 	}
 }

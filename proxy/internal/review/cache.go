@@ -205,10 +205,23 @@ func WithRequester(ctx context.Context, requester string) context.Context {
 	return context.WithValue(ctx, requesterKey{}, requester)
 }
 
-// RequesterFrom returns the requester WithRequester named, "" when none.
+// WithRequesterOf is WithRequester for a requester that is worked out
+// (requester()) only when a review asks for it: most requests are
+// answered from a cache and spend no budget.
+func WithRequesterOf(ctx context.Context, requester func() string) context.Context {
+	return context.WithValue(ctx, requesterKey{}, requester)
+}
+
+// RequesterFrom returns the requester WithRequester or WithRequesterOf
+// named, "" when none.
 func RequesterFrom(ctx context.Context) string {
-	s, _ := ctx.Value(requesterKey{}).(string)
-	return s
+	switch r := ctx.Value(requesterKey{}).(type) {
+	case string:
+		return r
+	case func() string:
+		return r()
+	}
+	return ""
 }
 
 // Metrics of the reviews. No label holds a user name, a token or a client
