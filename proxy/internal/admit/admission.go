@@ -240,7 +240,7 @@ func (a *Admission) decide(w http.ResponseWriter, r *http.Request, c *request.Cl
 	decision := decisionLabel(d)
 	requestsTotal.WithLabelValues(verb, decision, string(d.Reason), d.Budget, string(d.Enforcement)).Inc()
 	if d.Budget != "" {
-		w.Header().Set(answer.DecisionHeader, decisionHeader(d))
+		w.Header()[answer.DecisionHeader] = []string{decisionHeader(d)} // canonical already
 	}
 	a.warn(w, start, id.GetName(), c.Verb, &d)
 	if d.Reason != ratelimit.ReasonNone {

@@ -89,6 +89,7 @@ const DecisionHeader = "X-Watchgate-Decision"
 // the budget and the retry-after in seconds, each when set.
 func FormatDecision(decision, reason, budget string, retryAfterSeconds int) string {
 	var b strings.Builder
+	b.Grow(len(decision) + len(reason) + len(budget) + len("; reason=; budget=; retry-after=") + 10)
 	b.WriteString(decision)
 	if reason != "" {
 		b.WriteString("; reason=")
