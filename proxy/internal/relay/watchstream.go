@@ -170,9 +170,9 @@ func (ws *Watch) Relay(w http.ResponseWriter, r *http.Request) {
 // http.Server called the handler (which recovers http.ErrAbortHandler).
 // A client that left, which is how most watches end, has reset its
 // stream or closed its connection already: the panic would only unwind
-// the handler (about 5 µs of the CPU a watch costs, with the reset frame
-// the HTTP/2 server writes for it), and returning ends the handler as
-// well.
+// the handler and have the HTTP/2 server write a reset nobody reads,
+// which cost more CPU than the rest of a watch's end; returning ends the
+// handler as well.
 func mustAbort(err error, r *http.Request) bool {
 	ctx := r.Context()
 	return err != nil && ctx.Err() == nil && ctx.Value(http.ServerContextKey) != nil
