@@ -41,6 +41,7 @@ import (
 	"k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 
+	"github.com/watchgate/watchgate/controllers"
 	"github.com/watchgate/watchgate/test/apiserver"
 )
 
@@ -540,37 +541,53 @@ func hostileTenant(t *testing.T, mode string) {
 }
 
 // budgetsIn returns the --bootstrap-budgets flag with every budget that
-// enforces (DryRun or Enforce) set to mode; Exempt budgets stay exempt.
+// enforces (DryRun or Enforce, set or defaulted) set to mode; Exempt
+// budgets stay exempt.
 func budgetsIn(t *testing.T, flag, mode string) string {
 	t.Helper()
-	for _, m := range []string{"DryRun", "Enforce"} {
-		flag = strings.ReplaceAll(flag, `"enforcement":"`+m+`"`, `"enforcement":"`+mode+`"`)
+	bs, err := controllers.ParseBootstrapBudgets(strings.TrimPrefix(flag, "--bootstrap-budgets="))
+	if err != nil {
+		t.Fatalf("the chart's budgets: %v", err)
 	}
-	if !strings.Contains(flag, `"enforcement":"`+mode+`"`) {
+	set := 0
+	for i := range bs {
+		if bs[i].Spec["enforcement"] != "Exempt" {
+			bs[i].Spec["enforcement"] = mode
+			set++
+		}
+	}
+	if set == 0 {
 		t.Fatalf("the chart's budgets have no enforcing budget to set to %s: %s", mode, flag)
 	}
-	return flag
+	b, err := json.Marshal(bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "--bootstrap-budgets=" + string(b)
 }
 
 // shortWatchOf returns the longest short-watch time (backoff) of the
-// --bootstrap-budgets flag's budgets.
+// --bootstrap-budgets flag's budgets, defaults included, read as the
+// proxy reads them (controllers.ParseBootstrapBudgets, ToBudget).
 func shortWatchOf(t *testing.T, flag string) time.Duration {
 	t.Helper()
-	var budgets []struct {
-		Spec struct {
-			Backoff struct {
-				ShortWatchSeconds int `json:"shortWatchSeconds"`
-			} `json:"backoff"`
-		} `json:"spec"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(flag, "--bootstrap-budgets=")), &budgets); err != nil {
+	bs, err := controllers.ParseBootstrapBudgets(strings.TrimPrefix(flag, "--bootstrap-budgets="))
+	if err != nil {
 		t.Fatalf("the chart's budgets: %v", err)
 	}
-	longest := 0
-	for _, b := range budgets {
-		longest = max(longest, b.Spec.Backoff.ShortWatchSeconds)
+	var longest time.Duration
+	for i := range bs {
+		wb, err := bs[i].WatchBudget()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := controllers.ToBudget(wb)
+		if err != nil {
+			t.Fatalf("the chart's budget %s: %v", wb.Name, err)
+		}
+		longest = max(longest, b.Backoff.ShortWatch)
 	}
-	return time.Duration(longest) * time.Second
+	return longest
 }
 
 // victimAgent is a routed agent's informers, started and stopped as a
