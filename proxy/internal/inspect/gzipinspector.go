@@ -39,7 +39,8 @@ const (
 	// few KiB, the backlog kube-apiserver flushes at once in a replay up
 	// to hundreds of KiB (2 to 95 KiB for 3,000 small ConfigMaps). A larger
 	// member is inflated at once; so is a member past the budget.
-	maxHeldGzipBytes = 1 << 20
+	maxHeldGzipBytesShift = 20
+	maxHeldGzipBytes      = 1 << maxHeldGzipBytesShift
 	// maxWholeFirstBytes is how much of a member the inspector inflates
 	// before its first frame is seen, and after it before it stops at the
 	// next frame start (16 KiB, a dozen watch events): the first member of a stream is inflated
@@ -73,11 +74,12 @@ const (
 // kube-apiserver's way (gzipMemberEnd) and at a frame start, or, inside a
 // member that inflates to more than maxWholeFirstBytes (a replay's first
 // backlog), at the first frame start after a frame (a cut); from then on
-// it defers: of each read it keeps only the last complete member
-// (compressed, in a buffer of its size) and drops it uninflated when more
-// of the stream comes, for a member followed by more data cannot hold the
-// ERROR that ends a watch. When the stream ends (finish) the member held is
-// inflated and shown. kube-apiserver flushes, and so ends members, only
+// it defers: of a read that ends at a member end it keeps only that last
+// member (compressed, in a pooled buffer of about its size) and drops it
+// uninflated when more of the stream comes, for a member followed by more
+// data cannot hold the ERROR that ends a watch; members followed by more
+// data in their own read are dropped at once. When the stream ends
+// (finish) the member held is inflated and shown. kube-apiserver flushes, and so ends members, only
 // between events: the member held starts a frame, as the inspector,
 // which has seen nothing since it started deferring at a frame start,
 // expects; when deferring began inside a member, that member, if it is
@@ -144,10 +146,12 @@ type Gzip struct {
 	// the inspector has seen when deferring began inside that member; 0
 	// once a member end follows.
 	partial int
-	// held is the last complete member while deferring; its capacity is
-	// taken from budget while it is not nil. The inspector has seen the
-	// first heldSkip of its inflated bytes.
+	// held is the last complete member while deferring, in heldBuf (a
+	// pooled buffer, heldbuffers.go) whose capacity is taken from budget
+	// while it is not nil. The inspector has seen the first heldSkip of
+	// its inflated bytes.
 	held     []byte
+	heldBuf  *[]byte
 	heldSkip int
 	budget   *SharedBytes
 	// caller is whose share of budget held is taken from.
@@ -323,13 +327,26 @@ func (g *Gzip) writeDeferred(p []byte) {
 }
 
 // scan holds the last member of b (pending, or a read when nothing is
-// pending) that ends after from, if any, and keeps the bytes after it as
-// pending, from that member's end.
+// pending) that ends after from, if any, when it ends b, and keeps the
+// bytes after it as pending, from that member's end. A member followed by
+// bytes of the next is skipped at once: like one the next read follows, it
+// cannot hold the ERROR that ends a watch.
 func (g *Gzip) scan(b []byte, from int) {
 	end := lastMemberEnd(b, from)
 	if end == 0 {
 		if g.pending == nil {
 			g.keep(b, 0, 0)
+		}
+		return
+	}
+	partial := g.partial
+	g.partial = 0
+	if rest := b[end:]; len(rest) > 0 {
+		gzipSkippedBytes.Add(float64(end))
+		if g.pending != nil {
+			*g.pending = b[:copy(b, rest)]
+		} else {
+			g.keep(rest, 0, 0)
 		}
 		return
 	}
@@ -339,37 +356,35 @@ func (g *Gzip) scan(b []byte, from int) {
 	start := lastMemberEnd(b[:end-1], from)
 	g.heldSkip = 0
 	if start == 0 {
-		g.heldSkip = g.partial
+		g.heldSkip = partial
 	}
-	g.partial = 0
 	gzipSkippedBytes.Add(float64(start))
 	g.hold(b[start:end])
-	if g.off {
-		return
-	}
-	switch rest := b[end:]; {
-	case len(rest) == 0:
+	if !g.off {
 		g.releasePending()
-	case g.pending != nil:
-		*g.pending = b[:copy(b, rest)]
-	default:
-		g.keep(rest, 0, 0)
 	}
 }
 
-// hold keeps a copy of member m in held, in a buffer of about its size
-// taken from the budget, or inflates it at once when it is larger than
-// maxHeldGzipBytes or the budget is spent.
+// hold keeps a copy of member m in held, in a pooled buffer of its size
+// rounded up to a power of two (one of at most four times that is kept
+// from the member before) and taken from the budget, or inflates it at
+// once when it is larger than maxHeldGzipBytes or the budget is spent.
 func (g *Gzip) hold(m []byte) {
-	if c := cap(g.held); c < len(m) || c > 4*len(m) {
+	if c := cap(g.held); c < len(m) || c > 4*max(len(m), minHeldBuffer) {
 		g.releaseHeld()
-		if len(m) > maxHeldGzipBytes || !g.budget.take(g.caller, len(m)) {
+		if len(m) > maxHeldGzipBytes {
 			g.inflateMember(m, g.heldSkip)
 			return
 		}
-		g.held = make([]byte, 0, len(m))
+		class := heldBufferClass(len(m))
+		if !g.budget.take(g.caller, heldBufferSize(class)) {
+			g.inflateMember(m, g.heldSkip)
+			return
+		}
+		g.heldBuf = getHeldBuffer(class)
+		g.held = *g.heldBuf
 	}
-	g.held = append(g.held, m...)
+	g.held = append(g.held[:0], m...)
 }
 
 // Finish is told that the stream ended: the member held, or a member still
@@ -651,11 +666,13 @@ func (g *Gzip) releasePending() {
 	g.shown, g.tried, g.partial = 0, 0, 0
 }
 
-// releaseHeld drops the held buffer and returns its bytes to the budget.
+// releaseHeld returns the held buffer to its pool and its bytes to the
+// budget.
 func (g *Gzip) releaseHeld() {
-	if g.held != nil {
-		g.budget.give(g.caller, cap(g.held))
-		g.held = nil
+	if g.heldBuf != nil {
+		g.budget.give(g.caller, cap(*g.heldBuf))
+		putHeldBuffer(g.heldBuf)
+		g.heldBuf, g.held = nil, nil
 	}
 }
 

@@ -267,6 +267,65 @@ func TestGzipInspectorInflatesOnlyTheFirstAndLastMembers(t *testing.T) {
 	})
 }
 
+// A member followed in its read by the start of the next is dropped at
+// once: while deferring, only a read that ends at a member end leaves a
+// member held. The ERROR in the last member is found all the same, and a
+// stream cut inside a member leaves nothing held.
+func TestGzipInspectorHoldsOnlyAMemberThatEndsItsRead(t *testing.T) {
+	events := streamtest.ManyEvents(300) // 300 ADDED, then an ERROR 410
+	groups := make([][][]byte, len(events))
+	for i, f := range events {
+		groups[i] = [][]byte{f}
+	}
+	reads := streamtest.MemberReads(t, groups...)
+	stream := bytes.Join(reads, nil)
+	memberEnds := map[int]bool{}
+	for i, n := 0, 0; i < len(reads); i++ {
+		n += len(reads[i])
+		memberEnds[n] = true
+	}
+	chunk := len(reads[1])*3/2 + 1 // most reads end inside a member
+	for _, cut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cut %v", cut), func(t *testing.T) {
+			data := stream
+			if cut {
+				data = stream[:len(stream)-len(reads[len(reads)-1])/2]
+			}
+			g, sink := newTestGzipInspector(t, streamtest.JSONWatchType, 1<<20)
+			heldAfter, endedInside := 0, 0
+			for off := 0; off < len(data); {
+				n := min(chunk, len(data)-off)
+				g.Write(data[off : off+n])
+				off += n
+				switch {
+				case !g.deferring:
+				case memberEnds[off]:
+					heldAfter++
+				default:
+					endedInside++
+					if len(g.held) > 0 {
+						t.Fatalf("a read ending %d bytes in left a member of %d bytes held", off, len(g.held))
+					}
+				}
+			}
+			if endedInside < 100 || heldAfter == 0 && !cut {
+				t.Fatalf("%d reads ended inside a member, %d at a member end; the check proves little", endedInside, heldAfter)
+			}
+			g.Finish()
+			wantErrors := []int32{410}
+			if cut {
+				wantErrors = nil
+			}
+			if g.off || !slices.Equal(sink.errors, wantErrors) || sink.events != 1 {
+				t.Errorf("off %v, errors %v, events %d; want %v and the first event", g.off, sink.errors, sink.events, wantErrors)
+			}
+			if g.held != nil || g.pending != nil || g.budget.InUse() != 0 {
+				t.Errorf("held %d, pending %v, budget used %d after the end", len(g.held), g.pending != nil, g.budget.InUse())
+			}
+		})
+	}
+}
+
 // Past the budget shared by all streams, or for a member larger than one
 // stream may hold, a member is inflated at once, and ERROR events are
 // still found.
