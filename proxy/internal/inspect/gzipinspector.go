@@ -79,12 +79,12 @@ const (
 // uninflated when more of the stream comes, for a member followed by more
 // data cannot hold the ERROR that ends a watch; members followed by more
 // data in their own read are dropped at once. When the stream ends
-// (finish) the member held is inflated and shown. kube-apiserver flushes, and so ends members, only
-// between events: the member held starts a frame, as the inspector,
-// which has seen nothing since it started deferring at a frame start,
-// expects; when deferring began inside a member, that member, if it is
-// the one held at the end, is shown from where the inspector stopped.
-// A member is held within bounds: at most
+// (finish) the member held is inflated and shown. kube-apiserver flushes,
+// and so ends members, only between events: the member held starts a
+// frame, as the inspector, which has seen nothing since it started
+// deferring at a frame start, expects; when deferring began inside a
+// member, that member, if it is the one held at the end, is shown from
+// where the inspector stopped. A member is held within bounds: at most
 // maxHeldGzipBytes per stream and heldGzipBudget across all streams, an
 // eighth of it per caller; past
 // either, it is inflated at once. A watch idle after its replay holds its
