@@ -216,9 +216,11 @@ func (c *client) openWatches(k int) string {
 // client does by default (10): after a 429 or a 5xx with a Retry-After,
 // that many seconds later (watchgate's own refusals included: client-go
 // does not tell them apart), and after a transport error, a second later.
-// Past them, the request fails and an informer's reflector asks again
-// after its backoff (reflectorBackoff, doubling up to reflectorMaxBackoff,
-// jittered), with as many retries again.
+// Past them, or at once after a 5xx without a Retry-After (a proxy's
+// transport error, such as the bare proxy's 502), the request fails and an
+// informer's reflector asks again after its backoff (reflectorBackoff,
+// doubling up to reflectorMaxBackoff, jittered), with as many retries
+// again.
 const (
 	maxRetries          = 10
 	reflectorBackoff    = 800 * time.Millisecond
@@ -242,7 +244,7 @@ func (c *client) openOne(deadline time.Time) string {
 			if retryAfter == 0 {
 				return reason
 			}
-			if attempt == maxRetries || time.Now().Add(retryAfter).After(deadline) {
+			if retryAfter == failed || attempt == maxRetries || time.Now().Add(retryAfter).After(deadline) {
 				break
 			}
 			c.retried.Add(1)
@@ -259,9 +261,13 @@ func (c *client) openOne(deadline time.Time) string {
 	}
 }
 
+// failed is try's wait for a 5xx without a Retry-After: the rest client
+// does not ask again, the reflector does.
+const failed = -1
+
 // try asks for one watch once; it answers why it was refused ("" when
 // open) and, when the answer was no decision, how long to wait before
-// asking again.
+// asking again, or failed.
 func (c *client) try(path string) (string, time.Duration) {
 	conn := c.conns[int(c.nextConn.Add(1)-1)%len(c.conns)]
 	ctx, cancel := context.WithCancel(context.Background())
@@ -287,7 +293,10 @@ func (c *client) try(path string) (string, time.Duration) {
 			return reason, 0
 		}
 		s, err := strconv.Atoi(resp.Header.Get("Retry-After"))
-		if err != nil || s <= 0 {
+		switch {
+		case (err != nil || s <= 0) && resp.StatusCode >= 500:
+			return reason, failed
+		case err != nil || s <= 0:
 			return reason, 0
 		}
 		return reason, time.Duration(s) * time.Second
