@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/watchgate/watchgate/api/v1alpha1"
+	"github.com/watchgate/watchgate/ratelimit"
 )
 
 // +kubebuilder:rbac:groups=watchgate.io,resources=watchbudgets,verbs=get;list;watch;create;patch;delete
@@ -75,6 +76,20 @@ func (b *BootstrapBudget) WatchBudget() (*v1alpha1.WatchBudget, error) {
 		return nil, fmt.Errorf("budget %s: spec: %w", b.Name, err)
 	}
 	return wb, nil
+}
+
+// Budget is b as the proxy enforces it (WatchBudget, then ToBudget), for
+// tests and tools that read the chart's budgets.
+func (b *BootstrapBudget) Budget() (ratelimit.Budget, error) {
+	wb, err := b.WatchBudget()
+	if err != nil {
+		return ratelimit.Budget{}, err
+	}
+	budget, err := ToBudget(wb)
+	if err != nil {
+		return ratelimit.Budget{}, fmt.Errorf("budget %s: %w", b.Name, err)
+	}
+	return budget, nil
 }
 
 // ParseBootstrapBudgets reads --bootstrap-budgets: a JSON list of

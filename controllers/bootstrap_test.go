@@ -252,6 +252,23 @@ func TestParseBootstrapBudgetsRejectsNonsense(t *testing.T) {
 	}
 }
 
+// A chart's budget reads as the proxy enforces it, and one the proxy
+// could not enforce says which budget and why.
+func TestBootstrapBudgetAsEnforced(t *testing.T) {
+	bs, err := controllers.ParseBootstrapBudgets(`[{"name":"x","spec":{"enforcement":"Enforce","limits":{"maxConcurrentWatches":7}}},` +
+		`{"name":"y","spec":{"aggregate":{}}}]`)
+	if err != nil || len(bs) != 2 {
+		t.Fatalf("parsed %d budgets: %v", len(bs), err)
+	}
+	b, err := bs[0].Budget()
+	if err != nil || b.Name != "x" || b.Enforcement != ratelimit.Enforce || b.Limits.MaxConcurrentWatches != 7 {
+		t.Errorf("budget x: %+v, %v", b, err)
+	}
+	if _, err := bs[1].Budget(); err == nil || !strings.Contains(err.Error(), "budget y") || !strings.Contains(err.Error(), "aggregate") {
+		t.Errorf("budget y: error %v, want one naming the budget and its aggregate", err)
+	}
+}
+
 // TestTakingOverToEnforceKeepsTheObservation follows the first week: the
 // bootstrapped catch-all runs DryRun and gathers a suggestion; the
 // operator takes it over and switches it to Enforce with an edit. The

@@ -577,13 +577,9 @@ func shortWatchOf(t *testing.T, flag string) time.Duration {
 	}
 	var longest time.Duration
 	for i := range bs {
-		wb, err := bs[i].WatchBudget()
+		b, err := bs[i].Budget()
 		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := controllers.ToBudget(wb)
-		if err != nil {
-			t.Fatalf("the chart's budget %s: %v", wb.Name, err)
+			t.Fatalf("the chart's budgets: %v", err)
 		}
 		longest = max(longest, b.Backoff.ShortWatch)
 	}

@@ -76,13 +76,9 @@ func chartBudgets(t *testing.T) map[string]ratelimit.Budget {
 	}
 	budgets := map[string]ratelimit.Budget{}
 	for i := range boot {
-		wb, err := boot[i].WatchBudget()
+		b, err := boot[i].Budget()
 		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := controllers.ToBudget(wb)
-		if err != nil {
-			t.Fatalf("chart budget %s: %v", wb.Name, err)
+			t.Fatalf("the chart's budgets: %v", err)
 		}
 		budgets[b.Name] = b
 	}
