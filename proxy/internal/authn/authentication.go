@@ -206,7 +206,7 @@ func CachedTokens(inner authenticator.Token, cache *review.Cache, recent *utilca
 				lane = review.LaneRecent
 			}
 		}
-		v, err := cache.Get(ctx, key, review.RequesterFrom(ctx), lane, func(ctx context.Context) (any, time.Duration, error) {
+		v, err := cache.GetAsContextRequester(ctx, key, lane, func(ctx context.Context) (any, time.Duration, error) {
 			resp, ok, err := inner.AuthenticateToken(ctx, token)
 			switch {
 			case err != nil:

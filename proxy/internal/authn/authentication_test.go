@@ -134,6 +134,30 @@ func TestTokenCache(t *testing.T) {
 		}
 	})
 
+	t.Run("the requester is worked out only for a review, and its own bucket pays", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
+		inner := &countingTokens{}
+		auth := CachedTokens(inner, review.NewCache("token", 100, review.NewBudget(1000, 1000, 0.001, 1, 100), 4, 10*time.Second, clk), nil, time.Minute, 10*time.Second, 0)
+		asked := map[string]int{}
+		from := func(network string) context.Context {
+			return review.WithRequesterOf(ctx, func() string { asked[network]++; return network })
+		}
+		for range 5 {
+			if _, ok, err := auth.AuthenticateToken(from("10.0.0.0/24"), "good"); !ok || err != nil {
+				t.Fatalf("good token: %v %v", ok, err)
+			}
+		}
+		if asked["10.0.0.0/24"] != 1 || inner.calls.Load() != 1 {
+			t.Fatalf("requester worked out %d times for 1 review and 4 cached answers (reviews %d); want once", asked["10.0.0.0/24"], inner.calls.Load())
+		}
+		if _, _, err := auth.AuthenticateToken(from("10.0.0.0/24"), "other"); !errors.Is(err, review.ErrThrottled) {
+			t.Fatalf("a second review from a network whose bucket holds 1: %v, want throttled", err)
+		}
+		if _, _, err := auth.AuthenticateToken(from("10.0.1.0/24"), "other"); err != nil || inner.calls.Load() != 2 {
+			t.Fatalf("another network's review: %v, %d reviews; want its own bucket to pay for a second", err, inner.calls.Load())
+		}
+	})
+
 	t.Run("a flood of random tokens costs at most the review burst", func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(t0) // time stands still: no refill
 		inner := &countingTokens{}

@@ -79,6 +79,18 @@ const (
 // request waiting for the same key, so it does not follow any one
 // request's context.
 func (c *Cache) Get(ctx context.Context, key, requester string, lane Lane, review func(context.Context) (any, time.Duration, error)) (any, error) {
+	return c.get(ctx, key, requester, false, lane, review)
+}
+
+// GetAsContextRequester is Get for the requester that ctx names
+// (RequesterFrom), worked out only when a review is to be sent: a
+// request whose answer is cached does not pay for it (WithRequesterOf).
+func (c *Cache) GetAsContextRequester(ctx context.Context, key string, lane Lane, review func(context.Context) (any, time.Duration, error)) (any, error) {
+	return c.get(ctx, key, "", true, lane, review)
+}
+
+// get is Get; with fromContext, the requester is RequesterFrom(ctx).
+func (c *Cache) get(ctx context.Context, key, requester string, fromContext bool, lane Lane, review func(context.Context) (any, time.Duration, error)) (any, error) {
 	if v, ok := c.entries.Get(key); ok {
 		reviewCacheLookups.WithLabelValues(c.kind, "hit").Inc()
 		return v, nil
@@ -87,6 +99,9 @@ func (c *Cache) Get(ctx context.Context, key, requester string, lane Lane, revie
 	ch := c.flights.DoChan(key, func() (any, error) {
 		if v, ok := c.entries.Get(key); ok {
 			return v, nil
+		}
+		if fromContext {
+			requester = RequesterFrom(ctx)
 		}
 		if !c.budget.Allow(requester, lane, c.clock.Now()) {
 			reviewsThrottled.WithLabelValues(c.kind).Inc()
