@@ -693,7 +693,7 @@ var (
 
 	gzipHeldBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "watchgate_proxy_gzip_held_bytes",
-		Help: "Compressed bytes held across gzip-encoded watch streams: each stream's last member, inflated only if the stream ends there.",
+		Help: "Bytes of the buffers holding compressed data across gzip-encoded watch streams: each stream's last member, inflated only if the stream ends there, in a buffer of its size rounded up to a power of two.",
 	}, func() float64 { return float64(heldGzipBudget.InUse()) })
 )
 
